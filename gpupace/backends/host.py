@@ -1,0 +1,151 @@
+"""The host backend: `perf_counter_ns` stamps, a sleep-then-spin delay, one all_gather of the
+timing rows per step over the process group, and the NumPy policy.
+
+It serves CPU process groups (gloo) and GPUs without Triton/CuPy. On one host
+`perf_counter_ns` reads CLOCK_MONOTONIC, shared by all processes, which is what lets the tests
+check the clock-free estimator against true arrival times. The estimator itself never compares
+stamps across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import policy
+from ..config import PaceConfig
+from ..telemetry import StepRecord
+
+# Sleep until this close to the deadline, then spin: Linux wakes a sleeping thread 50-100 us
+# late on this 2-core VM (measured), so the last 200 us are spun.
+SPIN_TAIL_US = 200.0
+
+
+def sleep_then_spin(delay_us: float) -> float:
+    """Waits `delay_us` microseconds and returns the time really waited (us)."""
+    start = time.perf_counter_ns()
+    if delay_us <= 0:
+        return 0.0
+    deadline = start + int(delay_us * 1e3)
+    if delay_us > SPIN_TAIL_US:
+        time.sleep((delay_us - SPIN_TAIL_US) * 1e-6)
+    while time.perf_counter_ns() < deadline:
+        pass
+    return (time.perf_counter_ns() - start) * 1e-3
+
+
+class HostEngine:
+    """Times sites on the host clock and runs the policy on the host.
+
+    A site's row entry: w = exit - entry and d = the delay really applied, in us; plus the
+    step time, the exit-to-exit interval of site 0. Row layout (float64, fixed size so that
+    every rank's all_gather matches): [n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1}].
+    """
+
+    name = "host"
+
+    def __init__(self, config: PaceConfig, group, rank: int, world_size: int):
+        self.config = config
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+        self.max_sites = config.max_sites
+        self.params = policy.PolicyParams.from_config(config)
+        self.state: policy.PolicyState | None = None
+        self._next_delay = np.zeros(self.max_sites)
+        self._new_step()
+        self._prev_exit0: int | None = None
+        self._gather_out = [torch.zeros(2 + 2 * self.max_sites, dtype=torch.float64)
+                            for _ in range(world_size)]
+
+    def _new_step(self) -> None:
+        self.generation = getattr(self, "generation", -1) + 1  # exits of an older step are ignored
+        self.n_sites = 0
+        self.wait_us = np.full(self.max_sites, np.nan)
+        self.delay_us = np.zeros(self.max_sites)
+        self._entry_ns = np.zeros(self.max_sites, dtype=np.int64)
+        self._exit0: int | None = None
+
+    # -- per site ---------------------------------------------------------------------------
+    def arrive(self) -> tuple[int, int]:
+        """Stamps arrival, applies this site's delay, stamps entry. Returns the site's ticket
+        (step generation, index) that `exit` takes."""
+        k = self.n_sites
+        self.n_sites += 1
+        if k < self.max_sites:
+            self.delay_us[k] = sleep_then_spin(float(self._next_delay[k]))
+            self._entry_ns[k] = time.perf_counter_ns()
+        return self.generation, k
+
+    def exit(self, ticket: tuple[int, int]) -> None:
+        now = time.perf_counter_ns()
+        generation, k = ticket
+        if generation != self.generation:  # an async collective that outlived its step
+            return
+        if k < self.max_sites:
+            self.wait_us[k] = (now - self._entry_ns[k]) * 1e-3
+        if k == 0:
+            self._exit0 = now
+
+    # -- per step ---------------------------------------------------------------------------
+    def end_step(self, step: int, time_s: float) -> StepRecord | None:
+        """Exchanges the rows, updates the policy and returns the step's record."""
+        step_us = (self._exit0 - self._prev_exit0) * 1e-3 if (
+            self._exit0 is not None and self._prev_exit0 is not None) else np.nan
+        if self._exit0 is not None:
+            self._prev_exit0 = self._exit0
+        n_local = min(self.n_sites, self.max_sites)
+        row = np.concatenate([[n_local, step_us], self.wait_us, self.delay_us])
+        rows = self._exchange(row)
+        self._new_step()
+
+        counts = rows[:, 0]
+        n = int(counts.min())
+        if n == 0 or counts.max() != n:
+            # Ranks disagree on the sites of this step (or there were none): nothing to
+            # compare; no delays until they agree again.
+            self._next_delay[:] = 0.0
+            return None
+        if self.state is None or self.state.shape != (self.world_size, n):
+            self.state = policy.init_state(self.world_size, n)  # new site layout: start afresh
+        m = self.max_sites
+        w, d, steps = rows[:, 2:2 + n], rows[:, 2 + m:2 + m + n], rows[:, 1]
+        self.state, stats = policy.update(self.params, self.state, w, d, steps)
+        self._next_delay[:] = 0.0
+        self._next_delay[:n] = stats.delay[self.rank]
+        return make_record(step, time_s, stats, w, d, steps, self.rank)
+
+    def next_delays(self) -> np.ndarray:
+        n = self.state.shape[1] if self.state is not None else 0
+        return self._next_delay[:n].copy()
+
+    def _exchange(self, row: np.ndarray) -> np.ndarray:
+        if self.world_size == 1:
+            return row[None, :]
+        dist.all_gather(self._gather_out, torch.from_numpy(row), group=self.group)
+        return torch.stack(self._gather_out).numpy()
+
+
+def make_record(step: int, time_s: float, stats: policy.StepStats, w: np.ndarray,
+                d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
+    """A telemetry record from one policy update: step scalars at the site of largest spread."""
+    spread = np.nan_to_num(stats.spread, nan=-1.0)
+    s = int(np.argmax(spread))
+    return StepRecord(
+        step=step,
+        time_s=time_s,
+        step_time_us=float(steps[rank]),
+        spread_us=float(stats.spread[s]),
+        residual_us=float(stats.residual[s]),
+        transfer_us=float(stats.transfer[s]),
+        straggler=int(stats.straggler[s]),
+        active=bool(stats.active.any()),
+        earliness_us=stats.earliness[:, s].tolist(),
+        wait_us=np.nansum(w, axis=1).tolist(),
+        delay_us=np.nansum(d, axis=1).tolist(),
+        step_times_us=steps.tolist(),
+        site_spread_us=stats.spread.tolist(),
+    )

@@ -1,0 +1,48 @@
+"""The `gpupace` command. Each subcommand lives in its own module, which provides
+`add_arguments(parser)` and `run(args) -> int`; modules are imported only when their
+subcommand runs, so `gpupace --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help)
+COMMANDS = {
+    "demo": ("gpupace.demo", "real multi-rank training run: baseline against paced, side by side"),
+    "simulate": ("gpupace.sim.cli", "simulate a cluster of 4 to 4096 ranks with and without pacing"),
+    "report": ("gpupace.report.cli", "HTML report and failure-mode diagnosis from telemetry files"),
+    "doctor": ("gpupace.doctor", "which backends this machine supports, and why not"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="gpupace", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_) in COMMANDS.items():
+        sub.add_parser(name, help=help_, add_help=False)
+    if not argv or argv[0] not in COMMANDS:
+        parser.parse_args(argv or ["--help"])
+        return 2
+    module_name = COMMANDS[argv[0]][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            print(f"gpupace {argv[0]}: not available in this version", file=sys.stderr)
+            return 2
+        raise
+    cmd = argparse.ArgumentParser(prog=f"gpupace {argv[0]}", description=COMMANDS[argv[0]][1])
+    module.add_arguments(cmd)
+    args = cmd.parse_args(argv[1:])
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+        print(f"gpupace {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Validated configuration of the pacer: mode, thresholds, control-law gains and telemetry.
+
+Precedence for every field: an explicit argument, then the environment variable
+``GPUPACE_<FIELD NAME IN CAPITALS>`` (read in the constructor, never at import), then the default.
+A field left at ``None`` means "not given".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+MODES = ("off", "observe", "pace")
+ENV_PREFIX = "GPUPACE_"
+
+
+@dataclass(kw_only=True, slots=True)
+class PaceConfig:
+    mode: str | None = None
+    """`off`: no measuring, no delay; `observe`: measure and report, never delay; `pace`: delay early ranks."""
+
+    threshold_us: float | None = None
+    """Arrival spread (us) above which pacing switches on, after `on_steps` consecutive steps."""
+
+    release_us: float | None = None
+    """Arrival spread (us) below which pacing switches off, after `off_steps` consecutive steps.
+    Must not exceed `threshold_us` (hysteresis)."""
+
+    on_steps: int | None = None
+    """Consecutive steps above `threshold_us` before pacing switches on (K)."""
+
+    off_steps: int | None = None
+    """Consecutive steps below `release_us` before pacing switches off (M)."""
+
+    gain: float | None = None
+    """Fraction of a rank's earliness floor that is turned into delay, in [0, 1]."""
+
+    guard_us: float | None = None
+    """Margin (us) subtracted from every delay, so a paced rank still arrives before the last one."""
+
+    max_delay_us: float | None = None
+    """Hard upper bound (us) on one delay at one site."""
+
+    cap_fraction: float | None = None
+    """Upper bound on one delay as a fraction of the step time, in (0, 1]."""
+
+    floor_rise: float | None = None
+    """Rate (0, 1] at which the earliness floor follows a larger earliness (slow up)."""
+
+    floor_fall: float | None = None
+    """Rate (0, 1] at which the earliness floor follows a smaller earliness (fast down; 1 = at once)."""
+
+    warmup_steps: int | None = None
+    """Steps measured but never paced at the start (allocators, autotuning, DDP bucket rebuild)."""
+
+    telemetry_interval: int | None = None
+    """Steps between telemetry flushes; a crash loses at most this many steps of records."""
+
+    telemetry_path: str | None = None
+    """JSON-lines file for per-step records; `{rank}` in it gives one file per rank, without it
+    only rank 0 writes (it holds every rank's row). None or empty: no file."""
+
+    ring_size: int | None = None
+    """Number of per-step records kept in memory for `summary()`."""
+
+    max_sites: int | None = None
+    """Paced collectives per step that take part in the exchange (a DDP bucket is one). The
+    timing row has a fixed size so that every rank's all_gather matches; sites past this many
+    in a step are timed for nobody and never delayed."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) is not None:
+                continue
+            env = os.environ.get(ENV_PREFIX + f.name.upper())
+            value = _parse_env(f.name, env) if env is not None else DEFAULTS[f.name]
+            object.__setattr__(self, f.name, value)
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        _check_range("threshold_us", self.threshold_us, 0.0, math.inf, lo_open=True)
+        _check_range("release_us", self.release_us, 0.0, math.inf)
+        if self.release_us > self.threshold_us:
+            raise ValueError(
+                f"release_us must be <= threshold_us ({self.threshold_us}) for hysteresis, "
+                f"got {self.release_us}"
+            )
+        _check_int("on_steps", self.on_steps, 1)
+        _check_int("off_steps", self.off_steps, 1)
+        _check_range("gain", self.gain, 0.0, 1.0)
+        _check_range("guard_us", self.guard_us, 0.0, math.inf)
+        _check_range("max_delay_us", self.max_delay_us, 0.0, 10e6, lo_open=True)
+        _check_range("cap_fraction", self.cap_fraction, 0.0, 1.0, lo_open=True)
+        _check_range("floor_rise", self.floor_rise, 0.0, 1.0, lo_open=True)
+        _check_range("floor_fall", self.floor_fall, 0.0, 1.0, lo_open=True)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        _check_int("telemetry_interval", self.telemetry_interval, 1)
+        _check_int("ring_size", self.ring_size, 1)
+        _check_int("max_sites", self.max_sites, 1)
+        if self.telemetry_path is not None and not isinstance(self.telemetry_path, str):
+            raise ValueError(
+                f"telemetry_path must be a string or None, got {type(self.telemetry_path).__name__}"
+            )
+
+    def replace(self, **changes: Any) -> PaceConfig:
+        """A copy with `changes` applied; fields not changed keep their resolved values."""
+        values = self.to_dict()
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise ValueError(f"unknown PaceConfig fields {sorted(unknown)}; known: {sorted(values)}")
+        values.update(changes)
+        return PaceConfig(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+# Defaults. Spreads and delays are in microseconds: NCCL all-reduces of DDP buckets take
+# hundreds of us to ms, and the stragglers the study describes cost ms per step.
+DEFAULTS: dict[str, Any] = {
+    "mode": "pace",
+    "threshold_us": 200.0,
+    "release_us": 100.0,
+    "on_steps": 3,
+    "off_steps": 20,
+    "gain": 0.9,
+    "guard_us": 20.0,
+    "max_delay_us": 50_000.0,
+    "cap_fraction": 0.5,
+    # Fast down, slow up: the floor drops to a smaller earliness at once and climbs 5% of the
+    # way per step, so a rank that is early only sometimes keeps a floor near zero.
+    "floor_rise": 0.05,
+    "floor_fall": 1.0,
+    "warmup_steps": 5,
+    "telemetry_interval": 50,
+    "telemetry_path": None,
+    "ring_size": 100_000,
+    "max_sites": 64,
+}
+
+_INT_FIELDS = {"on_steps", "off_steps", "warmup_steps", "telemetry_interval", "ring_size", "max_sites"}
+_STR_FIELDS = {"mode", "telemetry_path"}
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    var = ENV_PREFIX + name.upper()
+    if name in _STR_FIELDS:
+        return (raw or None) if name == "telemetry_path" else raw
+    try:
+        return int(raw) if name in _INT_FIELDS else float(raw)
+    except ValueError:
+        kind = "an integer" if name in _INT_FIELDS else "a number"
+        raise ValueError(f"{var} must be {kind}, got {raw!r}") from None
+
+
+def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
+    if not ok:
+        left = "(" if lo_open else "["
+        raise ValueError(f"{name} must be a finite number in {left}{lo}, {hi}], got {v!r}")
+
+
+def _check_int(name: str, v: Any, lo: int) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")

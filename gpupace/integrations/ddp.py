@@ -1,0 +1,31 @@
+"""A DDP communication hook that paces every gradient bucket's all-reduce.
+
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(pacer, gpupace.ddp_comm_hook)     # or pacer.attach(ddp)
+    ...
+    loss.backward(); opt.step(); pacer.step()
+
+Each bucket is one site, in the order DDP launches them. DDP rebuilds its buckets after the
+first iteration, so the site layout can change once: the policy restarts then, inside
+`warmup_steps`. The hook averages like DDP's default hook (sum, then divide by world size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..pacer import Pacer
+
+
+def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    tensor = bucket.buffer()
+    tensor.div_(pacer.world_size)
+    ticket = pacer.arrive(f"bucket{bucket.index()}")
+    work = dist.all_reduce(tensor, group=pacer.group, async_op=True)
+
+    def done(fut: torch.futures.Future) -> torch.Tensor:
+        pacer.depart(ticket)
+        return fut.value()[0]
+
+    return work.get_future().then(done)

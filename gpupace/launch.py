@@ -1,0 +1,96 @@
+"""Runs a function on N local ranks, each in its own process with a real torch.distributed
+process group, and returns every rank's result. Used by the demo, the benchmarks and the tests.
+
+Nothing hangs: the whole run has a deadline, and a rank that fails or overruns ends the others
+with an error that names it and carries its traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(fn, rank, world_size, backend, port, coll_timeout_s, results, args, kwargs):
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)  # N ranks share this machine's cores
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=coll_timeout_s))
+        try:
+            value = fn(rank, world_size, *args, **kwargs)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001 - report anything, then exit non-zero
+        results.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
+              timeout_s: float = 120.0, collective_timeout_s: float = 60.0,
+              **kwargs: Any) -> list[Any]:
+    """Calls `fn(rank, world_size, *args, **kwargs)` on `world_size` spawned processes inside an
+    initialised process group; returns the results ordered by rank. `fn` must be importable
+    (a module-level function). Raises RuntimeError if a rank fails, TimeoutError past
+    `timeout_s`."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, daemon=True,
+                         args=(fn, r, world_size, backend, port, collective_timeout_s, results,
+                               args, kwargs))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    deadline = _now() + timeout_s
+    try:
+        while len(out) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=max(0.1, min(1.0, deadline - _now())))
+            except queue.Empty:
+                if _now() > deadline:
+                    missing = sorted(set(range(world_size)) - set(out))
+                    raise TimeoutError(
+                        f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s"
+                    ) from None
+                dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
+                if dead and results.empty():
+                    raise RuntimeError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) "
+                                       f"without reporting") from None
+                continue
+            if not ok:
+                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+            out[rank] = value
+        for p in procs:
+            p.join(timeout=max(1.0, deadline - _now()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    return [out[r] for r in range(world_size)]
+
+
+def _now() -> float:
+    return time.monotonic()

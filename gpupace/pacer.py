@@ -1,0 +1,177 @@
+"""`Pacer`: paced sites around collectives, the per-step exchange, telemetry and summary.
+
+    pacer = gpupace.Pacer(gpupace.PaceConfig(mode="pace"))
+    for batch in data:
+        loss = model(batch).sum(); loss.backward()
+        pacer.all_reduce(grad)              # or: with pacer.site("grads"): dist.all_reduce(grad)
+        opt.step()
+        pacer.step()                        # once per step, on every rank
+    print(pacer.summary())
+
+Sites are matched across ranks by their order within a step, so every rank must pass the same
+paced collectives in the same order (as it must issue the collectives themselves in order).
+`step()` is a collective too: every rank calls it once per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .backends import BACKENDS, device_backend_missing
+from .backends.host import HostEngine
+from .config import PaceConfig
+from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, summarize
+
+
+class Pacer:
+    """Paces the collectives of one process group. See the module docstring.
+
+    `backend`: "host" (CPU clock, any group), "device" (CUDA group; needs triton and cupy) or
+    "auto" (device for CUDA groups when it can run, else host).
+    `samples_per_step`: scales `throughput` in `summary()` (steps/s when 1).
+    """
+
+    def __init__(self, config: PaceConfig | None = None, group: Any = None, *,
+                 backend: str = "auto", samples_per_step: float = 1.0, label: str = ""):
+        self.config = config if config is not None else PaceConfig()
+        if not isinstance(self.config, PaceConfig):
+            raise TypeError(f"config must be a PaceConfig, got {type(self.config).__name__}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.group = group
+        if dist.is_available() and dist.is_initialized():
+            self.rank = dist.get_rank(group)
+            self.world_size = dist.get_world_size(group)
+            pg_backend = str(dist.get_backend(group)).lower()
+        elif group is not None:
+            raise ValueError("a process group was given but torch.distributed is not initialized")
+        else:
+            self.rank, self.world_size, pg_backend = 0, 1, "none"
+        self.backend = self._pick_backend(backend, pg_backend)
+        self.samples_per_step = samples_per_step
+        self.steps = 0
+        self._t0 = time.perf_counter()
+        self._engine = HostEngine(self.config, group, self.rank, self.world_size)
+        self.ring = Ring(self.config.ring_size)
+        self.site_names: list[str] = []
+        self._names_this_step: list[str] = []
+        self._writer: TelemetryWriter | None = None
+        path = self.config.telemetry_path
+        if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
+            header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
+                                 label=label, config=self.config.to_dict())
+            self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
+                                           self.config.telemetry_interval)
+
+    @staticmethod
+    def _pick_backend(requested: str, pg_backend: str) -> str:
+        if requested == "device":
+            why = device_backend_missing()
+            raise RuntimeError(
+                f"backend='device' cannot run here: {why}" if why else
+                "backend='device' is not built yet in this version of gpupace; use 'host'"
+            )
+        return "host"
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.mode != "off"
+
+    # -- sites ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def site(self, name: str = "") -> Iterator[None]:
+        """Paces the collective issued inside the block: stamps arrival, waits this rank's
+        delay, stamps entry; the exit is stamped when the block ends, so the collective inside
+        must be synchronous (use `all_reduce(..., async_op=True)` for async ones)."""
+        if not self.enabled:
+            yield
+            return
+        ticket = self._arrive(name)
+        try:
+            yield
+        finally:
+            self._engine.exit(ticket)
+
+    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, *,
+                   async_op: bool = False, name: str = "all_reduce"):
+        """A paced drop-in for `torch.distributed.all_reduce` on this pacer's group."""
+        if not self.enabled:
+            return dist.all_reduce(tensor, op=op, group=self.group, async_op=async_op)
+        ticket = self._arrive(name)
+        if not async_op:
+            try:
+                return dist.all_reduce(tensor, op=op, group=self.group)
+            finally:
+                self._engine.exit(ticket)
+        work = dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
+        work.get_future().then(lambda _: self._engine.exit(ticket))
+        return work
+
+    def _arrive(self, name: str):
+        self._names_this_step.append(name)
+        return self._engine.arrive()
+
+    def arrive(self, name: str = ""):
+        """Low-level: stamp arrival and apply the delay now; pass the returned ticket to
+        `depart` when the collective has completed (integrations use this pair)."""
+        if not self.enabled:
+            return None
+        return self._arrive(name)
+
+    def depart(self, ticket) -> None:
+        if ticket is not None:
+            self._engine.exit(ticket)
+
+    # -- steps ------------------------------------------------------------------------------
+    def step(self) -> StepRecord | None:
+        """Ends a step: exchanges timing rows with every rank (one small all_gather), updates
+        the delays of the next step and records telemetry. Call it on every rank, once per step,
+        after the step's paced collectives have completed."""
+        self.steps += 1
+        if not self.enabled:
+            return None
+        if not self.site_names:
+            self.site_names = list(self._names_this_step)
+        self._names_this_step = []
+        record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
+        if record is not None:
+            self.ring.append(record)
+            if self._writer is not None:
+                self._writer.write(record)
+        return record
+
+    def summary(self) -> dict[str, Any]:
+        """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
+        histogram over the records in memory, plus the pacer's settings."""
+        out = summarize(self.ring, self.world_size, self.samples_per_step)
+        out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
+                   sites=len(self.site_names))
+        return out
+
+    @property
+    def next_delays_us(self):
+        """This rank's delays for the next step, one per site (a copy)."""
+        return self._engine.next_delays()
+
+    def attach(self, ddp_model) -> None:
+        """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`."""
+        from .integrations.ddp import ddp_comm_hook
+        ddp_model.register_comm_hook(self, ddp_comm_hook)
+
+    def close(self) -> None:
+        """Flushes and closes the telemetry file. Safe to call twice."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> Pacer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,215 @@
+"""The clock-free estimator, the control law and the oracle: the one NumPy reference.
+
+Every rank runs `update` on the same gathered matrix and so reaches the same decision; the
+device kernels (`gpupace.kernels.update`) and the simulator (`gpupace.sim`) must agree with it.
+
+Inputs per step, rank i, site s, on rank i's own clock only (microseconds):
+  wait[i, s]   w = exit - entry, time spent inside the collective
+  delay[i, s]  d = the delay the rank really applied before entering
+  step_us[i]   exit-to-exit interval of the rank's first site (NaN while unknown)
+All ranks leave a collective within microseconds of each other, so `w + d` measures how long
+before the common exit the rank arrived: earliness E_i = (w_i + d_i) - min_j (w_j + d_j).
+Raw timestamps are never compared across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .config import PaceConfig
+
+MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
+# A wait, delay or step of more than 1000 s is a broken clock or a corrupted row, not a measurement.
+ABSURD_US = 1e9
+
+
+class PolicyParams(NamedTuple):
+    """The scalars of `PaceConfig` that the control law reads; also the device kernel's arguments."""
+
+    mode: int
+    threshold_us: float
+    release_us: float
+    on_steps: int
+    off_steps: int
+    gain: float
+    guard_us: float
+    max_delay_us: float
+    cap_fraction: float
+    floor_rise: float
+    floor_fall: float
+    warmup_steps: int
+
+    @classmethod
+    def from_config(cls, cfg: PaceConfig) -> PolicyParams:
+        return cls(
+            mode={"off": MODE_OFF, "observe": MODE_OBSERVE, "pace": MODE_PACE}[cfg.mode],
+            threshold_us=float(cfg.threshold_us),
+            release_us=float(cfg.release_us),
+            on_steps=int(cfg.on_steps),
+            off_steps=int(cfg.off_steps),
+            gain=float(cfg.gain),
+            guard_us=float(cfg.guard_us),
+            max_delay_us=float(cfg.max_delay_us),
+            cap_fraction=float(cfg.cap_fraction),
+            floor_rise=float(cfg.floor_rise),
+            floor_fall=float(cfg.floor_fall),
+            warmup_steps=int(cfg.warmup_steps),
+        )
+
+
+@dataclass(slots=True)
+class PolicyState:
+    """Everything the control law carries from one step to the next."""
+
+    floor: np.ndarray  # [N, S] conservative earliness floor per rank and site (us)
+    delay: np.ndarray  # [N, S] delays to apply at the next step (us)
+    active: np.ndarray  # [S] bool, pacing engaged at the site
+    above: np.ndarray  # [S] consecutive steps with spread above threshold
+    below: np.ndarray  # [S] consecutive steps with spread below release
+    step: int  # updates done
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.floor.shape
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one update measured and decided. Per-site arrays are [S]; per-rank ones [N, S]."""
+
+    earliness: np.ndarray  # [N, S] E_i, 0 for invalid ranks
+    spread: np.ndarray  # [S] arrival spread max E (NaN with fewer than 2 valid ranks)
+    residual: np.ndarray  # [S] entry spread after pacing, max w - min w
+    straggler: np.ndarray  # [S] int, last natural arrival, argmin (w + d); -1 if unknown
+    transfer: np.ndarray  # [S] transfer estimate, min w
+    valid: np.ndarray  # [N] bool, rank's row was usable
+    cap_us: float  # bound on one delay at this step
+    delay: np.ndarray  # [N, S] next delays (same array as the new state's)
+    active: np.ndarray  # [S] bool
+
+
+def init_state(n_ranks: int, n_sites: int) -> PolicyState:
+    if n_ranks < 1 or n_sites < 1:
+        raise ValueError(f"need at least one rank and one site, got {n_ranks} ranks, {n_sites} sites")
+    return PolicyState(
+        floor=np.zeros((n_ranks, n_sites)),
+        delay=np.zeros((n_ranks, n_sites)),
+        active=np.zeros(n_sites, dtype=bool),
+        above=np.zeros(n_sites, dtype=np.int64),
+        below=np.zeros(n_sites, dtype=np.int64),
+        step=0,
+    )
+
+
+def update(
+    params: PolicyParams,
+    state: PolicyState,
+    wait: np.ndarray,
+    delay: np.ndarray,
+    step_us: np.ndarray,
+) -> tuple[PolicyState, StepStats]:
+    """One step of estimator and control law. Pure: `state` is not modified. Never raises on
+    bad measurements: a rank with a non-finite, negative or absurd value gets its state reset
+    and zero delay. Raises ValueError only for shapes that do not match the state."""
+    n, s = state.shape
+    w = np.asarray(wait, dtype=np.float64).reshape(n, s) if np.size(wait) == n * s else None
+    d = np.asarray(delay, dtype=np.float64).reshape(n, s) if np.size(delay) == n * s else None
+    if w is None or d is None or np.size(step_us) != n:
+        raise ValueError(
+            f"expected wait and delay of {n}x{s} and step_us of {n}, got sizes "
+            f"{np.size(wait)}, {np.size(delay)}, {np.size(step_us)}"
+        )
+    step_us = np.asarray(step_us, dtype=np.float64).reshape(n)
+
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(w) & np.isfinite(d) & (w >= 0) & (d >= 0) & (w < ABSURD_US) & (d < ABSURD_US)
+    valid = ok.all(axis=1)
+    n_valid = int(valid.sum())
+
+    arrival = np.where(valid[:, None], w + d, np.inf)  # time from natural arrival to exit
+    if n_valid >= 2:
+        earliest_exit = arrival.min(axis=0)  # min_j (w_j + d_j)
+        earliness = np.where(valid[:, None], arrival - earliest_exit, 0.0)
+        spread = earliness.max(axis=0)
+        straggler = arrival.argmin(axis=0)
+        w_valid = np.where(valid[:, None], w, np.nan)
+        residual = np.nanmax(w_valid, axis=0) - np.nanmin(w_valid, axis=0)
+        transfer = np.nanmin(w_valid, axis=0)
+    else:
+        earliness = np.zeros((n, s))
+        spread = np.full(s, np.nan)
+        straggler = np.full(s, -1, dtype=np.int64)
+        residual = np.full(s, np.nan)
+        transfer = np.where(valid[:, None], w, np.nan).min(axis=0) if n_valid else np.full(s, np.nan)
+
+    step_count = state.step + 1
+    warming = step_count <= params.warmup_steps
+    floor, active = state.floor.copy(), state.active.copy()
+    above, below = state.above.copy(), state.below.copy()
+    if not warming and n_valid >= 2:
+        rate = np.where(earliness < floor, params.floor_fall, params.floor_rise)
+        floor = floor + rate * (earliness - floor)
+        above = np.where(spread > params.threshold_us, above + 1, 0)
+        below = np.where(spread < params.release_us, below + 1, 0)
+        if params.mode == MODE_PACE:
+            turn_on = ~active & (above >= params.on_steps)
+            turn_off = active & (below >= params.off_steps)
+            active = (active | turn_on) & ~turn_off
+    floor[~valid] = 0.0
+    if params.mode != MODE_PACE:
+        active[:] = False
+
+    with np.errstate(invalid="ignore"):
+        known = step_us[np.isfinite(step_us) & (step_us > 0) & (step_us < ABSURD_US)]
+    cap = min(params.max_delay_us, params.cap_fraction * float(np.median(known))) if known.size else 0.0
+
+    next_delay = np.clip(params.gain * floor - params.guard_us, 0.0, cap)
+    next_delay[:, ~active] = 0.0
+    next_delay[~valid] = 0.0
+    has_straggler = straggler >= 0
+    next_delay[straggler[has_straggler], np.flatnonzero(has_straggler)] = 0.0  # the last arrival waits for nobody
+    row_total = next_delay.sum(axis=1)
+    over = row_total > cap
+    if over.any():  # one rank's delays over all sites must not exceed the cap either
+        next_delay[over] *= (cap / row_total[over])[:, None]
+    if warming or params.mode != MODE_PACE or n_valid < 2:
+        next_delay[:] = 0.0
+
+    new_state = PolicyState(
+        floor=floor, delay=next_delay, active=active, above=above, below=below, step=step_count
+    )
+    stats = StepStats(
+        earliness=earliness,
+        spread=spread,
+        residual=residual,
+        straggler=straggler,
+        transfer=transfer,
+        valid=valid,
+        cap_us=cap,
+        delay=next_delay,
+        active=active,
+    )
+    return new_state, stats
+
+
+class Controller:
+    """Stateful convenience wrapper over `update` for one rank count and site count."""
+
+    def __init__(self, config: PaceConfig, n_ranks: int, n_sites: int):
+        self.params = PolicyParams.from_config(config)
+        self.state = init_state(n_ranks, n_sites)
+
+    def update(self, wait: np.ndarray, delay: np.ndarray, step_us: np.ndarray) -> StepStats:
+        self.state, stats = update(self.params, self.state, wait, delay, step_us)
+        return stats
+
+
+def oracle_delays(arrival_us: np.ndarray, guard_us: float = 0.0, cap_us: float = np.inf) -> np.ndarray:
+    """Perfect foresight, for evaluation only: with true arrivals on one clock, delay every rank
+    up to the last arrival less the guard, d_i = max_j a_j - a_i - guard, within [0, cap].
+    `arrival_us` is [N] or [N, S]; ranks are along the first axis."""
+    a = np.asarray(arrival_us, dtype=np.float64)
+    return np.clip(a.max(axis=0, keepdims=True) - a - guard_us, 0.0, cap_us)

@@ -1,0 +1,1 @@
+"""Reports and diagnosis from telemetry (in progress)."""

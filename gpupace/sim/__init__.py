@@ -1,0 +1,1 @@
+"""Cluster simulator (in progress)."""

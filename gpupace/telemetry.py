@@ -1,0 +1,229 @@
+"""Per-step telemetry: the record format, a bounded in-memory ring, the JSON-lines writer and
+reader, and the run summary.
+
+File format (JSON lines), shared by `Pacer`, `gpupace demo` and the simulator:
+  line 1, the header: {"gpupace": "telemetry", "format": 1, "source", "label", "rank",
+      "world_size", "sites", "config", "versions", "host", "started"}
+  then one line per step, a `StepRecord`: scalars for the whole step plus per-rank lists
+  (every rank holds the gathered matrix, so one file describes every rank).
+A file is flushed every `telemetry_interval` steps, so a crash loses at most one interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One step. Times in microseconds; per-rank lists are indexed by rank."""
+
+    step: int
+    time_s: float  # seconds since the run started, on the writer's clock
+    step_time_us: float  # exit-to-exit interval of the writer's first site (NaN on the first step)
+    spread_us: float  # arrival spread at the site where it was largest
+    residual_us: float  # entry spread after pacing at that site
+    transfer_us: float  # transfer estimate (min wait) at that site
+    straggler: int  # last natural arrival at that site, -1 if unknown
+    active: bool  # pacing engaged at any site
+    earliness_us: list[float] = field(default_factory=list)  # per rank, at that site
+    wait_us: list[float] = field(default_factory=list)  # per rank, summed over sites
+    delay_us: list[float] = field(default_factory=list)  # per rank, applied, summed over sites
+    step_times_us: list[float] = field(default_factory=list)  # per rank
+    site_spread_us: list[float] = field(default_factory=list)  # per site
+
+    def to_json(self) -> str:
+        return json.dumps(_finite(dataclasses.asdict(self)), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING} - set(d)
+        if missing:
+            raise ValueError(f"step record lacks fields {sorted(missing)}")
+        return cls(**{k: _nan(v) for k, v in d.items() if k in names})
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN: write null, and read it back as NaN."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    return obj
+
+
+def _nan(v: Any) -> Any:
+    if v is None:
+        return float("nan")
+    if isinstance(v, list):
+        return [float("nan") if x is None else x for x in v]
+    return v
+
+
+def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
+                sites: Iterable[str] = (), config: dict[str, Any] | None = None) -> dict[str, Any]:
+    versions: dict[str, str] = {"python": platform.python_version()}
+    for mod in ("torch", "numpy", "gpupace"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except (ImportError, AttributeError):
+            pass
+    return {
+        "gpupace": "telemetry",
+        "format": FORMAT_VERSION,
+        "source": source,
+        "label": label,
+        "rank": rank,
+        "world_size": world_size,
+        "sites": list(sites),
+        "config": config or {},
+        "versions": versions,
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+class TelemetryWriter:
+    """Appends records to a JSON-lines file; flushes (and fsyncs) every `interval` records."""
+
+    def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.interval = interval
+        self._pending = 0
+        self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
+        self._file.write(json.dumps(_finite(header)) + "\n")
+        self.flush()
+
+    def write(self, record: StepRecord) -> None:
+        if self._file is None:
+            raise ValueError(f"telemetry file {self.path} is closed")
+        self._file.write(record.to_json() + "\n")
+        self._pending += 1
+        if self._pending >= self.interval:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._pending = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """A header and the records of one run, as read from a file."""
+
+    header: dict[str, Any]
+    records: list[StepRecord]
+    skipped: list[str]  # one line per unreadable line: "line N: why"
+
+
+def read_telemetry(path: str | os.PathLike) -> Telemetry:
+    """Reads a telemetry file. A missing or empty file, or a first line that is not a gpupace
+    header, raises ValueError naming the file. Later lines that are cut short (a crash in the
+    middle of a write) or corrupt are skipped and listed in `skipped`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"telemetry file {path} does not exist")
+    records, skipped = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+        if not first.strip():
+            raise ValueError(f"telemetry file {path} is empty")
+        try:
+            header = json.loads(first)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
+        if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
+            raise ValueError(f"{path}: line 1 is not a gpupace telemetry header")
+        if header.get("format", 0) > FORMAT_VERSION:
+            raise ValueError(f"{path}: format {header.get('format')} is newer than this gpupace "
+                             f"reads ({FORMAT_VERSION}); upgrade gpupace")
+        for lineno, line in enumerate(f, start=2):
+            if not line.strip():
+                continue
+            try:
+                records.append(StepRecord.from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+                skipped.append(f"line {lineno}: {type(e).__name__}: {str(e)[:120]}")
+    return Telemetry(header=header, records=records, skipped=skipped)
+
+
+class Ring:
+    """The last `capacity` records, for summaries without reading the file back."""
+
+    def __init__(self, capacity: int):
+        self._records: deque[StepRecord] = deque(maxlen=capacity)
+
+    def append(self, record: StepRecord) -> None:
+        self._records.append(record)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+def summarize(records: Iterable[StepRecord], world_size: int | None = None,
+              samples_per_step: float = 1.0) -> dict[str, Any]:
+    """Throughput and the variance, tail and jitter figures the study asks for.
+    Steps with an unknown step time (the first) are left out of the step-time figures."""
+    records = list(records)
+    st = np.array([r.step_time_us for r in records], dtype=np.float64)
+    st = st[np.isfinite(st) & (st > 0)]
+    sp = np.array([r.spread_us for r in records], dtype=np.float64)
+    sp = sp[np.isfinite(sp)]
+    if world_size is None:
+        world_size = max((len(r.earliness_us) for r in records), default=0)
+    hist = [0] * world_size
+    for r in records:
+        if 0 <= r.straggler < world_size:
+            hist[r.straggler] += 1
+    out: dict[str, Any] = {
+        "steps": len(records),
+        "throughput": float(samples_per_step * 1e6 / st.mean()) if st.size else float("nan"),
+        "step_time_mean": _stat(st, np.mean),
+        "step_time_cv": float(st.std() / st.mean()) if st.size > 1 and st.mean() > 0 else float("nan"),
+        "step_time_p50": _stat(st, np.percentile, 50),
+        "step_time_p99": _stat(st, np.percentile, 99),
+        "step_time_max": _stat(st, np.max),
+        "spread_mean": _stat(sp, np.mean),
+        "spread_p99": _stat(sp, np.percentile, 99),
+        "active_fraction": float(np.mean([r.active for r in records])) if records else 0.0,
+        "delay_mean": float(np.mean([np.sum(r.delay_us) for r in records]) / max(world_size, 1))
+        if records else 0.0,
+        "straggler_histogram": hist,
+        "units": "step times, spreads and delays in us; throughput in samples/s "
+        "(steps/s when samples_per_step is 1)",
+    }
+    return out
+
+
+def _stat(a: np.ndarray, fn, *args) -> float:
+    return float(fn(a, *args)) if a.size else float("nan")
