@@ -40,10 +40,11 @@ class PolicyParams(NamedTuple):
     cap_fraction: float
     floor_rise: float
     floor_fall: float
+    holdoff_steps: int
     warmup_steps: int
 
     @classmethod
-    def from_config(cls, cfg: PaceConfig) -> PolicyParams:
+    def from_config(cls, cfg: PaceConfig, n_ranks: int) -> PolicyParams:
         return cls(
             mode={"off": MODE_OFF, "observe": MODE_OBSERVE, "pace": MODE_PACE}[cfg.mode],
             threshold_us=float(cfg.threshold_us),
@@ -56,6 +57,7 @@ class PolicyParams(NamedTuple):
             cap_fraction=float(cfg.cap_fraction),
             floor_rise=float(cfg.floor_rise),
             floor_fall=float(cfg.floor_fall),
+            holdoff_steps=min(int(cfg.holdoff_max), int(np.ceil(cfg.holdoff_factor * n_ranks))),
             warmup_steps=int(cfg.warmup_steps),
         )
 
@@ -65,6 +67,7 @@ class PolicyState:
     """Everything the control law carries from one step to the next."""
 
     floor: np.ndarray  # [N, S] conservative earliness floor per rank and site (us)
+    calm: np.ndarray  # [N, S] steps since the rank was last late at the site
     delay: np.ndarray  # [N, S] delays to apply at the next step (us)
     active: np.ndarray  # [S] bool, pacing engaged at the site
     above: np.ndarray  # [S] consecutive steps with spread above threshold
@@ -96,6 +99,7 @@ def init_state(n_ranks: int, n_sites: int) -> PolicyState:
         raise ValueError(f"need at least one rank and one site, got {n_ranks} ranks, {n_sites} sites")
     return PolicyState(
         floor=np.zeros((n_ranks, n_sites)),
+        calm=np.zeros((n_ranks, n_sites), dtype=np.int64),
         delay=np.zeros((n_ranks, n_sites)),
         active=np.zeros(n_sites, dtype=bool),
         above=np.zeros(n_sites, dtype=np.int64),
@@ -147,10 +151,14 @@ def update(
 
     step_count = state.step + 1
     warming = step_count <= params.warmup_steps
-    floor, active = state.floor.copy(), state.active.copy()
+    floor, calm, active = state.floor.copy(), state.calm.copy(), state.active.copy()
     above, below = state.above.copy(), state.below.copy()
     if not warming and n_valid >= 2:
-        rate = np.where(earliness < floor, params.floor_fall, params.floor_rise)
+        # Fast down; up only for a rank that has not been late for the holdoff, so that a rank
+        # which is only sometimes early is never delayed into being the straggler.
+        calm = np.where(earliness <= params.guard_us, 0, calm + 1)
+        rise = np.where(calm >= params.holdoff_steps, params.floor_rise, 0.0)
+        rate = np.where(earliness < floor, params.floor_fall, rise)
         floor = floor + rate * (earliness - floor)
         above = np.where(spread > params.threshold_us, above + 1, 0)
         below = np.where(spread < params.release_us, below + 1, 0)
@@ -159,6 +167,7 @@ def update(
             turn_off = active & (below >= params.off_steps)
             active = (active | turn_on) & ~turn_off
     floor[~valid] = 0.0
+    calm[~valid] = 0
     if params.mode != MODE_PACE:
         active[:] = False
 
@@ -179,7 +188,7 @@ def update(
         next_delay[:] = 0.0
 
     new_state = PolicyState(
-        floor=floor, delay=next_delay, active=active, above=above, below=below, step=step_count
+        floor=floor, calm=calm, delay=next_delay, active=active, above=above, below=below, step=step_count
     )
     stats = StepStats(
         earliness=earliness,
@@ -199,7 +208,7 @@ class Controller:
     """Stateful convenience wrapper over `update` for one rank count and site count."""
 
     def __init__(self, config: PaceConfig, n_ranks: int, n_sites: int):
-        self.params = PolicyParams.from_config(config)
+        self.params = PolicyParams.from_config(config, n_ranks)
         self.state = init_state(n_ranks, n_sites)
 
     def update(self, wait: np.ndarray, delay: np.ndarray, step_us: np.ndarray) -> StepStats:

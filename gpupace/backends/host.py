@@ -53,7 +53,7 @@ class HostEngine:
         self.rank = rank
         self.world_size = world_size
         self.max_sites = config.max_sites
-        self.params = policy.PolicyParams.from_config(config)
+        self.params = policy.PolicyParams.from_config(config, world_size)
         self.state: policy.PolicyState | None = None
         self._next_delay = np.zeros(self.max_sites)
         self._new_step()

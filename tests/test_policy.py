@@ -1,0 +1,203 @@
+"""Properties of the NumPy policy: bounds, who is delayed, hysteresis, robustness."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from gpupace import PaceConfig
+from gpupace.policy import Controller, PolicyParams, init_state, oracle_delays, update
+
+PACE = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, off_steps=3, holdoff_factor=0.0,
+                  threshold_us=100.0, release_us=50.0)
+
+
+def run(cfg, waits, delays=None, step_us=10_000.0):
+    """Feeds a sequence of [N, S] wait matrices; returns the list of StepStats."""
+    n, s = waits[0].shape
+    ctl = Controller(cfg, n, s)
+    out = []
+    for k, w in enumerate(waits):
+        d = np.zeros((n, s)) if delays is None else delays[k]
+        out.append(ctl.update(w, d, np.full(n, step_us)))
+    return out
+
+
+finite_us = st.floats(0.0, 1e5, allow_nan=False)
+matrices = st.integers(2, 9).flatmap(
+    lambda n: st.integers(1, 4).flatmap(
+        lambda s: st.lists(arrays(np.float64, (n, s), elements=finite_us), min_size=1, max_size=12)
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(waits=matrices, step_us=st.floats(1.0, 1e6))
+def test_delays_within_zero_and_cap(waits, step_us):
+    for stats in run(PACE, waits, step_us=step_us):
+        cap = min(PACE.max_delay_us, PACE.cap_fraction * step_us)
+        assert stats.cap_us == pytest.approx(cap)
+        assert (stats.delay >= 0).all()
+        assert (stats.delay <= cap + 1e-9).all()
+        assert (stats.delay.sum(axis=1) <= cap * (1 + 1e-9)).all()
+
+
+@settings(max_examples=150, deadline=None)
+@given(waits=matrices)
+def test_last_arrival_is_never_delayed(waits):
+    for stats in run(PACE, waits):
+        for s, j in enumerate(stats.straggler):
+            assert stats.delay[j, s] == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(waits=matrices)
+def test_observe_and_off_never_delay(waits):
+    for mode in ("observe", "off"):
+        for stats in run(PACE.replace(mode=mode), waits):
+            assert not stats.delay.any()
+            assert not stats.active.any()
+
+
+bad_values = st.sampled_from([np.nan, np.inf, -np.inf, -1.0, -1e-3, 1e12])
+
+
+@settings(max_examples=150, deadline=None)
+@given(waits=matrices, bad=bad_values, data=st.data())
+def test_bad_input_gives_zero_delay_and_no_exception(waits, bad, data):
+    n, s = waits[0].shape
+    ctl = Controller(PACE, n, s)
+    victim = data.draw(st.integers(0, n - 1))
+    for w in waits:
+        w = w.copy()
+        w[victim, data.draw(st.integers(0, s - 1))] = bad
+        stats = ctl.update(w, np.zeros((n, s)), np.full(n, 10_000.0))
+        assert not stats.delay[victim].any()
+        assert not stats.valid[victim]
+        assert not ctl.state.floor[victim].any()  # its state was reset
+        assert np.isfinite(stats.delay).all()
+
+
+def test_bad_step_time_means_no_cap_and_no_delay():
+    w = np.array([[5000.0], [0.0]])
+    stats = None
+    for step in (np.nan, -5.0, np.inf):
+        ctl = Controller(PACE, 2, 1)
+        for _ in range(5):
+            stats = ctl.update(w, np.zeros((2, 1)), np.full(2, step))
+        assert stats.cap_us == 0.0 and not stats.delay.any()
+
+
+def test_shape_mismatch_raises():
+    ctl = Controller(PACE, 3, 2)
+    with pytest.raises(ValueError, match="3x2"):
+        ctl.update(np.zeros((2, 2)), np.zeros((3, 2)), np.zeros(3))
+
+
+def earliness_matrix(early_us, transfer=100.0):
+    """Waits of ranks that arrived `early_us` before the last one, with no delay applied."""
+    return (np.asarray(early_us, dtype=float) + transfer)[:, None]
+
+
+def test_hysteresis_on_after_k_steps_off_after_m_steps():
+    cfg = PACE.replace(on_steps=3, off_steps=4, threshold_us=1000.0, release_us=500.0)
+    high = earliness_matrix([2000.0, 0.0])
+    mid = earliness_matrix([700.0, 0.0])  # between release and threshold: no change
+    low = earliness_matrix([100.0, 0.0])
+    seq = [high] * 3 + [mid] * 2 + [low] * 4 + [high] * 2
+    active = [bool(s.active[0]) for s in run(cfg, seq)]
+    assert active == [False, False, True, True, True, True, True, True, False, False, False]
+
+
+def test_interrupted_run_above_threshold_does_not_switch_on():
+    cfg = PACE.replace(on_steps=3, threshold_us=1000.0, release_us=500.0)
+    high, low = earliness_matrix([2000.0, 0.0]), earliness_matrix([0.0, 0.0])
+    active = [bool(s.active[0]) for s in run(cfg, [high, high, low, high, high, low])]
+    assert not any(active)
+
+
+def test_warmup_steps_are_measured_but_not_paced():
+    cfg = PACE.replace(warmup_steps=4)
+    stats = run(cfg, [earliness_matrix([5000.0, 0.0])] * 8)
+    assert all(not s.delay.any() for s in stats[:4])
+    assert all(s.spread[0] == pytest.approx(5000.0) for s in stats)
+    assert stats[-1].delay[0, 0] > 0
+
+
+def test_persistent_straggler_delays_converge_to_earliness():
+    rng = np.random.default_rng(0)
+    early = np.array([3000.0, 1500.0, 0.0, 2200.0])  # rank 2 is always last
+    cfg = PaceConfig(mode="pace", warmup_steps=2)
+    ctl = Controller(cfg, 4, 1)
+    delay = np.zeros((4, 1))
+    for _ in range(400):
+        natural = early + rng.uniform(0, 50, 4)  # small noise
+        # The rank enters `delay` later, so it waits that much less inside the collective.
+        wait = natural[:, None] + 100.0 - delay
+        stats = ctl.update(wait, delay, np.full(4, 20_000.0))
+        delay = stats.delay.copy()
+    want = np.clip(cfg.gain * early - cfg.guard_us, 0, None)
+    np.testing.assert_allclose(delay[:, 0], want, atol=80.0)
+    assert delay[2, 0] == 0.0
+    # the estimate is unchanged by the delays applied
+    np.testing.assert_allclose(stats.earliness[:, 0], early + 25.0, atol=60.0)
+
+
+@pytest.mark.parametrize("n", [4, 16, 64])
+def test_random_stragglers_yield_near_zero_delays(n):
+    """i.i.d. spikes on random ranks: nobody is reliably early, so pacing must cost nothing.
+    Measured (1500 steps): the delays add 0.03/0.2/0.8% of the mean spread to the step at
+    4/16/64 ranks."""
+    rng = np.random.default_rng(n)
+    cfg = PaceConfig(mode="pace", warmup_steps=5)
+    ctl = Controller(cfg, n, 1)
+    delay = np.zeros((n, 1))
+    delays, spreads, cost = [], [], []
+    for _ in range(600):
+        arrival = rng.normal(0, 100, n)
+        arrival[rng.integers(n)] += rng.pareto(1.5) * 2000 + 1000  # a random straggler
+        natural_early = arrival.max() - arrival
+        entry = arrival + delay[:, 0]
+        cost.append(entry.max() - arrival.max())  # what the delays added to the step
+        wait = (entry.max() + 100.0 - entry)[:, None]
+        stats = ctl.update(wait, delay, np.full(n, 50_000.0))
+        delay = stats.delay.copy()
+        delays.append(delay.mean())
+        spreads.append(stats.spread[0])
+    assert np.mean(delays[50:]) < 0.02 * np.mean(spreads[50:])
+    assert np.mean(cost[50:]) < 0.02 * np.mean(spreads[50:])
+
+
+def test_estimator_stats():
+    w = np.array([[900.0, 50.0], [100.0, 400.0], [500.0, 60.0]])
+    d = np.array([[0.0, 0.0], [0.0, 0.0], [200.0, 0.0]])
+    state, stats = update(PolicyParams.from_config(PACE, 3), init_state(3, 2), w, d, np.full(3, 1e4))
+    np.testing.assert_allclose(stats.earliness, [[800, 0], [0, 350], [600, 10]])
+    np.testing.assert_allclose(stats.spread, [800, 350])
+    np.testing.assert_array_equal(stats.straggler, [1, 0])
+    np.testing.assert_allclose(stats.residual, [800, 350])
+    np.testing.assert_allclose(stats.transfer, [100, 50])
+    assert state.step == 1
+
+
+def test_update_is_pure_and_deterministic():
+    params = PolicyParams.from_config(PACE, 3)
+    state = init_state(3, 1)
+    w = earliness_matrix([900.0, 0.0, 300.0])
+    a = update(params, state, w, np.zeros((3, 1)), np.full(3, 1e4))
+    b = update(params, state, w, np.zeros((3, 1)), np.full(3, 1e4))
+    assert state.step == 0 and not state.floor.any()
+    np.testing.assert_array_equal(a[0].floor, b[0].floor)
+    np.testing.assert_array_equal(a[1].delay, b[1].delay)
+
+
+def test_one_rank_has_nothing_to_pace():
+    stats = run(PACE, [np.array([[123.0, 5.0]])] * 5)
+    assert all(not s.delay.any() and np.isnan(s.spread).all() for s in stats)
+
+
+def test_oracle():
+    a = np.array([0.0, 300.0, 1000.0])
+    np.testing.assert_allclose(oracle_delays(a, guard_us=10.0), [990.0, 690.0, 0.0])
+    np.testing.assert_allclose(oracle_delays(a, cap_us=500.0), [500.0, 500.0, 0.0])
