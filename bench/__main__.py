@@ -1,0 +1,108 @@
+"""Entry point: `python -m bench --suite cpu|gpu|all [--quick] [--out DIR] [--only NAME]`.
+
+Runs the chosen suites, prints progress and the targets on stderr, and writes each suite's
+result files. The GPU suite skips cleanly, with a one-line reason, where CUDA is absent, and
+then writes nothing: no GPU figure is ever produced without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .harness import RESULTS_DIR, Harness, Machine
+
+Bench = Callable[[Harness], None]
+
+
+def cpu_benchmarks() -> dict[str, Bench]:
+    from .cpu_allreduce import bench_allreduce
+    from .cpu_policy import bench_policy
+    from .cpu_telemetry import bench_telemetry
+
+    return {"allreduce": bench_allreduce, "policy": bench_policy, "telemetry": bench_telemetry}
+
+
+def gpu_benchmarks() -> dict[str, Bench]:
+    from .gpu_suite import gpu_benchmarks as benches
+
+    return benches()
+
+
+def gpu_missing() -> str | None:
+    """Why the GPU suite cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def run_suite(suite: str, *, quick: bool, out: Path, note: str, only: list[str] | None) -> int:
+    if suite == "gpu":
+        why = gpu_missing()
+        if why:
+            print(f"[bench gpu] SKIP the GPU suite: {why}", file=sys.stderr, flush=True)
+            return 0
+    benches = cpu_benchmarks() if suite == "cpu" else gpu_benchmarks()
+    unknown = set(only or ()) - set(benches)
+    if unknown:
+        print(
+            f"[bench {suite}] unknown benchmark(s) {sorted(unknown)}; known: {sorted(benches)}",
+            file=sys.stderr,
+        )
+        return 2
+    h = Harness(suite, quick=quick, out_dir=out, machine=Machine.probe(note))
+    h.progress(
+        f"{h.machine.cpu} ({h.machine.cores} cores), GPU {h.machine.gpu}, "
+        f"load average {h.machine.load_avg:.2f}; writing {out / h.stem}.*"
+    )
+    failed = 0
+    for name, fn in benches.items():
+        if only and name not in only:
+            continue
+        try:
+            fn(h)
+        except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others
+            failed += 1
+            h.skip(
+                name,
+                f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+            )
+    for p in h.write():
+        h.progress(f"wrote {p}")
+    missed = [c.name for c in h.checks if not c.met]
+    if missed:
+        h.progress(f"targets missed: {missed}")
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", choices=("cpu", "gpu", "all"), default="cpu")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="few sizes and repeats: a smoke run, its files are named *-quick_*",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR, help=f"default {RESULTS_DIR}")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
+    ap.add_argument(
+        "--note", default="", help="free text stored in every row, e.g. 'VM shared with other jobs'"
+    )
+    args = ap.parse_args(argv)
+    suites = ("cpu", "gpu") if args.suite == "all" else (args.suite,)
+    rc = 0
+    for suite in suites:
+        rc = max(
+            rc, run_suite(suite, quick=args.quick, out=args.out, note=args.note, only=args.only)
+        )
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""Paced against plain gloo all_reduce on 2 local ranks, 4 KB to 64 MB: what a paced
+collective costs on the host backend, and what the per-step exchange (`Pacer.step()`) adds.
+
+Four variants run interleaved in one loop (order rotated every repeat, a barrier before each
+timed call, so noise hits all of them alike and repeat i of each is a fair pair):
+  plain   `dist.all_reduce`
+  paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping)
+  step    that pacer's `step()`, once per paced call: one site per step, the worst case
+  paced8  a second pacer's `all_reduce`, with `step()` after every 8th call (a step of 8
+          buckets), timed together, so the exchange is amortised as in a DDP step
+Ratios are taken pair by pair; `paced+step` is paced_i + step_i against plain_i, and `paced8`
+is compared over windows of 8 consecutive repeats. Rank 0's clock is reported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .harness import Harness, interleave
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 1 << 20]
+WINDOW = 8  # sites per step of the amortised variant
+
+
+def repeats_for(nbytes: int, quick: bool) -> int:
+    """Enough pairs for stable medians in ~5 s per size on a 2-core VM (1 MB: ~2 ms a call);
+    1 MB gets the most because it carries the target."""
+    if quick:
+        return 16
+    if nbytes == 1 << 20:
+        return 600
+    if nbytes <= 4 << 20:
+        return 240
+    return 40 if nbytes <= 16 << 20 else 24
+
+
+def human(nbytes: int) -> str:
+    return f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
+
+
+def _variants(t, rank: int, delays: dict[str, list[float]]) -> dict:
+    """The four timed callables for one message size, each pacer fresh."""
+    import torch.distributed as dist
+
+    import gpupace
+
+    cfg = gpupace.PaceConfig(mode="pace")
+    paced, paced8 = gpupace.Pacer(cfg), gpupace.Pacer(cfg)
+    calls8 = 0
+
+    def step1() -> None:
+        rec = paced.step()
+        if rec is not None:
+            delays["paced"].append(rec.delay_us[rank])
+
+    def run8() -> None:
+        nonlocal calls8
+        paced8.all_reduce(t)
+        calls8 += 1
+        if calls8 % WINDOW == 0:
+            rec = paced8.step()
+            if rec is not None:
+                delays["paced8"].append(rec.delay_us[rank])
+
+    return {
+        "plain": lambda: dist.all_reduce(t),
+        "paced": lambda: paced.all_reduce(t),
+        "step": step1,
+        "paced8": run8,
+    }
+
+
+def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
+    """Runs on every rank (spawned by `run_ranks`); returns rank-local samples in us."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict = {}
+    for nbytes in sizes:
+        t = torch.ones(nbytes // 4, dtype=torch.float32)
+        delays: dict[str, list[float]] = {"paced": [], "paced8": []}
+        # A warm-up of one whole window, so paced8's steps fall on the same repeats each size;
+        # a barrier before every timed call, so each starts with both ranks aligned.
+        samples = interleave(
+            _variants(t, rank, delays),
+            warmup=WINDOW,
+            repeats=repeats_for(nbytes, quick),
+            before=dist.barrier,
+        )
+        out[nbytes] = {
+            "samples": samples,
+            "delay_us": {k: np.asarray(v) for k, v in delays.items()},
+        }
+    return out
+
+
+def window_ratio(num: np.ndarray, den: np.ndarray, width: int) -> np.ndarray:
+    """sum(num)/sum(den) over consecutive windows of `width` repeats (the tail is dropped)."""
+    n = (min(num.size, den.size) // width) * width
+    return num[:n].reshape(-1, width).sum(1) / den[:n].reshape(-1, width).sum(1)
+
+
+def bench_allreduce(h: Harness) -> None:
+    from gpupace.launch import run_ranks
+
+    sizes = QUICK_SIZES if h.quick else SIZES
+    h.progress(f"gloo all_reduce, 2 ranks, sizes {[human(s) for s in sizes]}")
+    res = run_ranks(_rank, 2, sizes, h.quick, timeout_s=900.0, collective_timeout_s=120.0)[0]
+    summary = {}
+    for nbytes in sizes:
+        s, dl = res[nbytes]["samples"], res[nbytes]["delay_us"]
+        size = human(nbytes)
+        for k in ("plain", "paced", "step", "paced8"):
+            h.record("gloo_all_reduce", {"size": size, "variant": k}, s[k])
+        pairs = {
+            "paced/plain": s["paced"] / s["plain"],
+            "(paced+step)/plain": (s["paced"] + s["step"]) / s["plain"],
+            f"paced8/plain (windows of {WINDOW})": window_ratio(s["paced8"], s["plain"], WINDOW),
+        }
+        for name, r in pairs.items():
+            h.record(
+                "gloo_all_reduce_ratio", {"size": size, "ratio": name}, r, metric="ratio", unit="x"
+            )
+        h.record(
+            "gloo_all_reduce",
+            {"size": size, "variant": "paced-plain"},
+            s["paced"] - s["plain"],
+            metric="overhead",
+        )
+        summary[size] = {
+            "bytes": nbytes,
+            **{name: float(np.median(r)) for name, r in pairs.items()},
+            "ratio_p20": {n: float(np.percentile(r, 20)) for n, r in pairs.items()},
+            "ratio_p80": {n: float(np.percentile(r, 80)) for n, r in pairs.items()},
+            "steps_with_delay": {k: int((v > 0).sum()) for k, v in dl.items()},
+            "steps": {k: int(v.size) for k, v in dl.items()},
+            "delay_us_total": {k: float(v.sum()) for k, v in dl.items()},
+        }
+    h.extras["gloo_all_reduce"] = summary
+    if 1 << 20 in sizes:
+        one = summary["1MB"]
+        h.check(
+            "paced 1 MB gloo all_reduce / plain, median of pairs",
+            one["paced/plain"],
+            1.10,
+            "x",
+            detail="the paced call itself (site); step() shown separately",
+        )
+        h.check(
+            "context: (paced 1 MB + step() every call) / plain, median of pairs",
+            one["(paced+step)/plain"],
+            1.10,
+            "x",
+            detail="one site per step: the exchange is not amortised",
+        )
+        h.check(
+            f"context: paced 1 MB with step() every {WINDOW} calls / plain, median of windows",
+            one[f"paced8/plain (windows of {WINDOW})"],
+            1.10,
+            "x",
+        )
+    h.plot("overhead_vs_size", lambda fig: _draw(fig, sizes, summary))
+
+
+def _draw(fig, sizes: list[int], summary: dict) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.asarray(sizes, dtype=float)
+    names = list(summary[human(sizes[0])]["ratio_p20"])
+    for name, marker in zip(names, "osd", strict=False):
+        med = np.array([summary[human(n)][name] for n in sizes])
+        lo = np.array([summary[human(n)]["ratio_p20"][name] for n in sizes])
+        hi = np.array([summary[human(n)]["ratio_p80"][name] for n in sizes])
+        ax.plot(x, med, marker=marker, label=name)
+        ax.fill_between(x, lo, hi, alpha=0.15)
+    ax.axhline(1.0, color="0.3", lw=0.8)
+    ax.axhline(1.10, color="tab:red", lw=0.8, ls="--", label="target 1.10x")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [human(n) for n in sizes])
+    ax.set_xlabel("message size (float32 all_reduce, 2 gloo ranks)")
+    ax.set_ylabel("time ratio to plain all_reduce")
+    ax.set_title("Pacing overhead against message size: median of pairs, band p20-p80")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)

@@ -1,0 +1,117 @@
+"""Cost of one policy update (`gpupace.policy.update`, the NumPy reference every rank runs once
+per step on the gathered matrix) for world sizes 8 to 4096 and 1 to 16 sites.
+
+Inputs look like a paced job: waits of a few hundred us with a few late ranks, so the spread
+stays above the threshold and the full path runs (floors, hysteresis on, clamps, the per-rank
+cap). The state is carried from call to call as in a real loop, past the warm-up steps.
+When the 4096 x 4 target is missed, a cProfile of that case is kept in the JSON extras.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+
+import numpy as np
+
+from .harness import Harness, time_calls
+
+WORLDS = [8, 64, 512, 4096]
+WORLDS_FULL = [8, 16, 64, 256, 1024, 4096]
+SITES = [1, 4, 16]
+SITES_FULL = [1, 2, 4, 8, 16]
+TARGET_US = 100.0
+
+
+def policy_params(cfg, n_ranks: int):
+    """`PolicyParams.from_config`, with or without the rank count (its signature gained
+    `n_ranks` while this suite was written; accept both so the benchmark follows the policy)."""
+    import inspect
+
+    from gpupace import policy
+
+    if "n_ranks" in inspect.signature(policy.PolicyParams.from_config).parameters:
+        return policy.PolicyParams.from_config(cfg, n_ranks)
+    return policy.PolicyParams.from_config(cfg)
+
+
+def make_case(n_ranks: int, n_sites: int, seed: int = 0):
+    """Returns `step()`, one policy update on fresh inputs with the state carried over, and the
+    params; inputs are drawn up front so the timed call is the update alone."""
+    from gpupace import PaceConfig, policy
+
+    rng = np.random.default_rng(seed)
+    params = policy_params(PaceConfig(mode="pace"), n_ranks)
+    n_inputs = 64
+    # Arrival earliness up to ~2 ms, a transfer of ~300 us; a random rank is the straggler.
+    early = rng.exponential(400.0, size=(n_inputs, n_ranks, n_sites))
+    early[np.arange(n_inputs), rng.integers(0, n_ranks, n_inputs)] = 0.0
+    waits = 300.0 + early + rng.uniform(0, 5, size=early.shape)
+    delays = np.zeros_like(waits)
+    steps = rng.normal(20_000.0, 500.0, size=(n_inputs, n_ranks))
+    box = {"state": policy.init_state(n_ranks, n_sites), "i": 0}
+
+    def step() -> None:
+        i = box["i"] % n_inputs
+        box["state"], _ = policy.update(params, box["state"], waits[i], delays[i], steps[i])
+        box["i"] += 1
+
+    for _ in range(params.warmup_steps + params.on_steps + 2):  # past warm-up, pacing on
+        step()
+    return step, box
+
+
+def bench_policy(h: Harness) -> None:
+    worlds, sites = (WORLDS, SITES) if h.quick else (WORLDS_FULL, SITES_FULL)
+    reps, warm = (30, 5) if h.quick else (400, 30)
+    h.progress(f"policy.update, worlds {worlds}, sites {sites}")
+    med: dict[int, dict[int, float]] = {}
+    active = {}
+    for s in sites:
+        med[s] = {}
+        for n in worlds:
+            step, box = make_case(n, s)
+            samples = time_calls(step, warmup=warm, repeats=reps)
+            row = h.record("policy_update", {"world": n, "sites": s}, samples)
+            med[s][n] = row["p50"]
+            active[f"{n}x{s}"] = bool(box["state"].active.any())
+    h.extras["policy_update"] = {
+        "p50_us": {f"{n}x{s}": med[s][n] for s in sites for n in worlds},
+        "pacing_active_in_case": active,
+    }
+    if 4096 in worlds and 4 in sites:
+        v = med[4][4096]
+        c = h.check("policy update, 4096 ranks x 4 sites, p50", v, TARGET_US, "us", op="<")
+        if not c.met:
+            h.extras["policy_update_profile_4096x4"] = profile(4096, 4)
+            h.progress("target missed: cProfile of 4096x4 kept in the JSON extras")
+    h.plot("policy_update", lambda fig: _draw(fig, worlds, sites, med))
+
+
+def profile(n_ranks: int, n_sites: int, calls: int = 300) -> str:
+    """cProfile of `calls` updates, top entries by own time: where the microseconds go."""
+    step, _ = make_case(n_ranks, n_sites)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    return buf.getvalue()
+
+
+def _draw(fig, worlds: list[int], sites: list[int], med: dict[int, dict[int, float]]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    for s in sites:
+        ax.plot(worlds, [med[s][n] for n in worlds], marker="o", label=f"{s} site(s)")
+    ax.axhline(TARGET_US, color="tab:red", lw=0.8, ls="--", label="target at 4096x4: 100 us")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(worlds, [str(n) for n in worlds])
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("p50 time per update (us)")
+    ax.set_title("gpupace.policy.update (NumPy) per step")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")

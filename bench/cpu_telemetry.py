@@ -1,0 +1,83 @@
+"""Telemetry cost per step on the host: building the step record from a policy update
+(`make_record`), keeping it in the in-memory ring, and writing it to a JSON-lines file
+(`TelemetryWriter.write`, which flushes and fsyncs every `telemetry_interval` records, so
+its p99 shows the flush). A record holds per-rank lists, so the cost grows with the world.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .harness import Harness, interleave
+
+WORLDS = [2, 64, 1024, 4096]
+QUICK_WORLDS = [2, 1024]
+N_SITES = 4
+
+
+def repeats_for(world: int, quick: bool) -> int:
+    # A 4096-rank record is ~0.4 MB of JSON: fewer repeats keep the temporary file small.
+    if quick:
+        return 20
+    return 300 if world <= 64 else 150 if world <= 1024 else 60
+
+
+def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, object, int]:
+    """The timed callables for an `n`-rank record, the writer to close, and the record size."""
+    from gpupace import PaceConfig, policy
+    from gpupace.backends.host import make_record
+    from gpupace.telemetry import Ring, TelemetryWriter, make_header
+
+    from .cpu_policy import policy_params
+
+    cfg = PaceConfig(mode="pace")
+    w = 300.0 + rng.exponential(400.0, size=(n, N_SITES))
+    d = np.zeros_like(w)
+    steps = rng.normal(20_000.0, 500.0, size=n)
+    _, stats = policy.update(policy_params(cfg, n), policy.init_state(n, N_SITES), w, d, steps)
+    writer = TelemetryWriter(
+        path, make_header(source="bench", world_size=n), cfg.telemetry_interval
+    )
+    ring = Ring(cfg.ring_size)
+    rec = make_record(0, 0.0, stats, w, d, steps, 0)
+    count = 0
+
+    def whole() -> None:
+        # What `Pacer.step()` does for telemetry once the policy has run.
+        nonlocal count
+        count += 1
+        r = make_record(count, 1.0, stats, w, d, steps, 0)
+        ring.append(r)
+        writer.write(r)
+
+    parts = {
+        "make_record": lambda: make_record(1, 1.0, stats, w, d, steps, 0),
+        "ring.append": lambda: ring.append(rec),
+        "to_json": rec.to_json,
+        "writer.write": lambda: writer.write(rec),
+        "per step total": whole,
+    }
+    return parts, writer, len(rec.to_json()) + 1
+
+
+def bench_telemetry(h: Harness) -> None:
+    from gpupace import PaceConfig
+
+    worlds = QUICK_WORLDS if h.quick else WORLDS
+    interval = PaceConfig().telemetry_interval
+    h.progress(f"telemetry per step, worlds {worlds}, {N_SITES} sites, flush every {interval}")
+    rng = np.random.default_rng(0)
+    sizes = h.extras.setdefault("telemetry_record_bytes", {})
+    with tempfile.TemporaryDirectory(prefix="gpupace-bench-") as tmp:
+        for n in worlds:
+            parts, writer, nbytes = _parts(n, Path(tmp) / f"t{n}.jsonl", rng)
+            try:
+                s = interleave(parts, warmup=5, repeats=repeats_for(n, h.quick))
+            finally:
+                writer.close()
+            for k, v in s.items():
+                h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
+            sizes[str(n)] = nbytes

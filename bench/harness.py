@@ -1,0 +1,435 @@
+"""The benchmark harness: timing loops with warm-up and repeats, quantiles, the machine's
+description, and the result files (CSV, JSON, Markdown, PNG plots) under `bench/results/`.
+
+A benchmark is a small setup function `fn(h: Harness) -> None` that builds its inputs, times
+them with `time_calls` / `interleave` (or inside ranks, then passes the samples to
+`h.record`), and may state a target with `h.check` and draw with `h.plot`. Every result row
+carries the machine (CPU, cores, GPU), library versions, date and the run's note, so a row
+copied out of its file still says where it came from. Single runs are never reported: every
+row is the quantiles p20/p50/p80/p99 of many samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+QUANTILES = (20, 50, 80, 99)
+# Column order of the CSV and the keys of every JSON row; tests check it.
+SCHEMA = (
+    "suite",
+    "bench",
+    "case",
+    "metric",
+    "unit",
+    "n",
+    "p20",
+    "p50",
+    "p80",
+    "p99",
+    "mean",
+    "cpu",
+    "cores",
+    "gpu",
+    "versions",
+    "date",
+    "note",
+)
+_PACKAGES = (
+    "torch",
+    "numpy",
+    "gpupace",
+    "numba",
+    "matplotlib",
+    "triton",
+    "cupy-cuda12x",
+    "cupy-cuda13x",
+)
+
+
+# -- the machine --------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Machine:
+    """What the numbers were measured on. `note` is free text for what the code cannot see
+    (a shared VM, a busy neighbour); the load average at start is recorded for the same reason."""
+
+    cpu: str
+    cores: int
+    gpu: str
+    versions: dict[str, str]
+    date: str  # UTC, ISO 8601, when the run started
+    load_avg: float
+    note: str = ""
+
+    @classmethod
+    def probe(cls, note: str = "") -> Machine:
+        return cls(
+            cpu=cpu_name(),
+            cores=os.cpu_count() or 0,
+            gpu=gpu_name(),
+            versions=library_versions(),
+            date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+            note=note,
+        )
+
+    def slug(self, suite: str) -> str:
+        """A short hardware name for file names: the GPU for the GPU suite, else the CPU."""
+        if suite == "gpu" and self.gpu != "none":
+            return _slugify(self.gpu)
+        return f"{_slugify(self.cpu)}-{self.cores}c"
+
+    def versions_str(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.versions.items())
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def gpu_name() -> str:
+    """The first CUDA device's name, or "none". Never initialises CUDA when it is absent."""
+    try:
+        import torch
+    except ImportError:
+        return "none"
+    if not torch.cuda.is_available():
+        return "none"
+    return torch.cuda.get_device_name(0)
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in _PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    try:
+        import torch
+
+        if torch.version.cuda:
+            out["cuda"] = str(torch.version.cuda)
+            if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+                out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 - versions are informative, never fatal
+        pass
+    return out
+
+
+def _slugify(text: str) -> str:
+    text = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$|\bprocessor\b", "", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or "unknown"
+
+
+# -- timing -------------------------------------------------------------------------------------
+def quantiles(samples: Iterable[float]) -> dict[str, float]:
+    """p20/p50/p80/p99, mean and count of the finite samples (NaN quantiles when none)."""
+    a = np.asarray(
+        list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=np.float64
+    ).ravel()
+    a = a[np.isfinite(a)]
+    if a.size == 0:
+        return {**{f"p{q}": math.nan for q in QUANTILES}, "mean": math.nan, "n": 0}
+    qs = np.percentile(a, QUANTILES)
+    return {
+        **{f"p{q}": float(v) for q, v in zip(QUANTILES, qs, strict=True)},
+        "mean": float(a.mean()),
+        "n": int(a.size),
+    }
+
+
+def time_calls(
+    fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], Any] | None = None
+) -> np.ndarray:
+    """Microseconds per call of `fn`, one sample per call after `warmup` untimed calls.
+    `sync` (e.g. `torch.cuda.synchronize`) runs before each clock read: a host clock says
+    nothing about queued device work."""
+    return interleave({"_": fn}, warmup=warmup, repeats=repeats, sync=sync)["_"]
+
+
+def interleave(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    warmup: int,
+    repeats: int,
+    sync: Callable[[], Any] | None = None,
+    before: Callable[[], Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Times several variants in one loop, rotating their order every repeat, so that noise
+    from a shared machine hits all of them alike and sample i of each variant is a fair pair.
+    `before` runs untimed before every timed call (e.g. a barrier). The rotation depends only
+    on the repeat index, so ranks running the same loop issue the same collectives in order."""
+    names = list(fns)
+    out = {k: np.empty(repeats) for k in names}
+    clock = time.perf_counter_ns
+    for r in range(-warmup, repeats):
+        shift = r % len(names)
+        for k in names[shift:] + names[:shift]:
+            if before is not None:
+                before()
+            if sync is not None:
+                sync()
+            t0 = clock()
+            fns[k]()
+            if sync is not None:
+                sync()
+            t1 = clock()
+            if r >= 0:
+                out[k][r] = (t1 - t0) * 1e-3
+    return out
+
+
+# -- results ------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Check:
+    """A target stated by a benchmark: met when `value <op> limit`."""
+
+    name: str
+    value: float
+    limit: float
+    unit: str
+    op: str = "<="
+    detail: str = ""
+
+    @property
+    def met(self) -> bool:
+        if not math.isfinite(self.value):
+            return False
+        return self.value <= self.limit if self.op == "<=" else self.value < self.limit
+
+
+@dataclass(slots=True)
+class Harness:
+    """Collects the rows, checks, skips and plots of one suite run and writes them out."""
+
+    suite: str
+    quick: bool = False
+    out_dir: Path = RESULTS_DIR
+    machine: Machine = field(default_factory=Machine.probe)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    skips: list[dict[str, str]] = field(default_factory=list)
+    plots: list[Path] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)  # free-form per-bench facts (JSON only)
+
+    @property
+    def stem(self) -> str:
+        """`<suite>[-quick]_<hardware>_<YYYYMMDD>`: dated, hardware-named result files."""
+        day = self.machine.date[:10].replace("-", "")
+        suite = f"{self.suite}-quick" if self.quick else self.suite
+        return f"{suite}_{self.machine.slug(self.suite)}_{day}"
+
+    def progress(self, msg: str) -> None:
+        print(f"[bench {self.suite}] {msg}", file=sys.stderr, flush=True)
+
+    def record(
+        self,
+        bench: str,
+        case: Mapping[str, Any] | str,
+        samples: Iterable[float],
+        *,
+        metric: str = "time",
+        unit: str = "us",
+    ) -> dict[str, Any]:
+        """Adds one row: the quantiles of `samples` for `case` of `bench`."""
+        case_str = case if isinstance(case, str) else " ".join(f"{k}={v}" for k, v in case.items())
+        m = self.machine
+        row = {
+            "suite": self.suite,
+            "bench": bench,
+            "case": case_str,
+            "metric": metric,
+            "unit": unit,
+            **quantiles(samples),
+            "cpu": m.cpu,
+            "cores": m.cores,
+            "gpu": m.gpu,
+            "versions": m.versions_str(),
+            "date": m.date,
+            "note": m.note,
+        }
+        row = {k: row[k] for k in SCHEMA}
+        self.rows.append(row)
+        self.progress(
+            f"{bench} {case_str} {metric}: p50 {_fmt(row['p50'])} {unit} "
+            f"(p20 {_fmt(row['p20'])}, p99 {_fmt(row['p99'])}, n={row['n']})"
+        )
+        return row
+
+    def check(
+        self, name: str, value: float, limit: float, unit: str, *, op: str = "<=", detail: str = ""
+    ) -> Check:
+        """States a target and prints whether it was met (never raises: a missed target is a
+        result to report, not a crash)."""
+        c = Check(name, float(value), float(limit), unit, op, detail)
+        self.checks.append(c)
+        verdict = "MET" if c.met else "MISSED"
+        print(
+            f"TARGET {verdict}: {name}: {_fmt(c.value)} {unit} (target {op} {_fmt(limit)} {unit})"
+            + (f"; {detail}" if detail else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+        return c
+
+    def skip(self, bench: str, reason: str) -> None:
+        """Records that `bench` did not run here, with a one-line reason."""
+        self.skips.append({"bench": bench, "reason": reason})
+        self.progress(f"SKIP {bench}: {reason}")
+
+    def plot(self, name: str, draw: Callable[[Any], None]) -> Path:
+        """Draws with `draw(fig)` on a fresh matplotlib figure (Agg) and saves a PNG named
+        after the result files."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = plt.figure(figsize=(7.5, 4.5), dpi=110)
+        try:
+            draw(fig)
+            fig.text(
+                0.99,
+                0.005,
+                f"{self._hw_line()}  {self.machine.date[:10]}",
+                ha="right",
+                va="bottom",
+                fontsize=6.5,
+                color="0.4",
+            )
+            fig.tight_layout(rect=(0, 0.02, 1, 1))
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            path = self.out_dir / f"{self.stem}_{name}.png"
+            fig.savefig(path)
+        finally:
+            plt.close(fig)
+        self.plots.append(path)
+        return path
+
+    def _hw_line(self) -> str:
+        m = self.machine
+        gpu = f", GPU {m.gpu}" if m.gpu != "none" else ""
+        return f"CPU {m.cpu} ({m.cores} cores){gpu}"
+
+    def write(self) -> list[Path]:
+        """Writes `<stem>.csv`, `.json` and `.md` (only when there is something to write) and
+        returns every path written, plots included."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        paths = list(self.plots)
+        base = self.out_dir / self.stem
+        with open(base.with_suffix(".csv"), "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=SCHEMA)
+            w.writeheader()
+            w.writerows(self.rows)
+        doc = {
+            "suite": self.suite,
+            "quick": self.quick,
+            "machine": asdict(self.machine),
+            "rows": self.rows,
+            "checks": [{**asdict(c), "met": c.met} for c in self.checks],
+            "skips": self.skips,
+            "plots": [p.name for p in self.plots],
+            "extras": self.extras,
+        }
+        with open(base.with_suffix(".json"), "w", encoding="utf-8") as f:
+            json.dump(_json_safe(doc), f, indent=1)
+        base.with_suffix(".md").write_text(self.markdown(), encoding="utf-8")
+        paths += [base.with_suffix(s) for s in (".csv", ".json", ".md")]
+        return paths
+
+    def markdown(self) -> str:
+        m = self.machine
+        lines = [
+            f"# gpupace benchmarks: {self.suite} suite{' (quick)' if self.quick else ''}",
+            "",
+            f"- Machine: {self._hw_line()}; load average at start {m.load_avg:.2f}",
+            f"- Date (UTC): {m.date}",
+            f"- Versions: {m.versions_str()}",
+        ]
+        if m.note:
+            lines.append(f"- Note: {m.note}")
+        lines.append(
+            "- Every figure is a quantile over the n samples of its row; "
+            "times in microseconds unless the unit says otherwise."
+        )
+        if self.checks:
+            lines += [
+                "",
+                "## Targets",
+                "",
+                "| target | value | limit | met | detail |",
+                "|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {c.name} | {_fmt(c.value)} {c.unit} | {c.op} {_fmt(c.limit)} {c.unit} "
+                f"| {'yes' if c.met else 'NO'} | {c.detail} |"
+                for c in self.checks
+            ]
+        if self.skips:
+            lines += ["", "## Skipped", ""]
+            lines += [f"- `{s['bench']}`: {s['reason']}" for s in self.skips]
+        benches = list(dict.fromkeys(r["bench"] for r in self.rows))
+        for b in benches:
+            lines += [
+                "",
+                f"## {b}",
+                "",
+                "| case | metric | unit | n | p20 | p50 | p80 | p99 |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| {r['case']} | {r['metric']} | {r['unit']} | {r['n']} | {_fmt(r['p20'])} "
+                f"| {_fmt(r['p50'])} | {_fmt(r['p80'])} | {_fmt(r['p99'])} |"
+                for r in self.rows
+                if r["bench"] == b
+            ]
+        if self.plots:
+            lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in self.plots]
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(v: float) -> str:
+    if not isinstance(v, (int, float)) or not math.isfinite(v):
+        return "nan"
+    a = abs(v)
+    if a == 0 or 0.01 <= a < 1e5:
+        return f"{v:.3g}" if a < 10 else f"{v:.1f}" if a < 1000 else f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+def _json_safe(obj: Any) -> Any:
+    """JSON has no NaN: write null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return _json_safe(obj.item())
+    if isinstance(obj, np.ndarray):
+        return _json_safe(obj.tolist())
+    return obj
