@@ -21,6 +21,11 @@ from .harness import Harness, interleave
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20]
 WINDOW = 8  # sites per step of the amortised variant
+LABELS = {
+    "paced/plain": "paced call (the site)",
+    "(paced+step)/plain": "paced call + step() every call (1 site per step)",
+    f"paced8/plain (windows of {WINDOW})": f"paced call, step() every {WINDOW} calls",
+}
 
 
 def repeats_for(nbytes: int, quick: bool) -> int:
@@ -171,7 +176,7 @@ def _draw(fig, sizes: list[int], summary: dict) -> None:
         med = np.array([summary[human(n)][name] for n in sizes])
         lo = np.array([summary[human(n)]["ratio_p20"][name] for n in sizes])
         hi = np.array([summary[human(n)]["ratio_p80"][name] for n in sizes])
-        ax.plot(x, med, marker=marker, label=name)
+        ax.plot(x, med, marker=marker, label=LABELS.get(name, name))
         ax.fill_between(x, lo, hi, alpha=0.15)
     ax.axhline(1.0, color="0.3", lw=0.8)
     ax.axhline(1.10, color="tab:red", lw=0.8, ls="--", label="target 1.10x")

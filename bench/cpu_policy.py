@@ -15,7 +15,7 @@ import pstats
 
 import numpy as np
 
-from .harness import Harness, time_calls
+from .harness import Harness, interleave, time_calls
 
 WORLDS = [8, 64, 512, 4096]
 WORLDS_FULL = [8, 16, 64, 256, 1024, 4096]
@@ -86,6 +86,7 @@ def bench_policy(h: Harness) -> None:
         if not c.met:
             h.extras["policy_update_profile_4096x4"] = profile(4096, 4)
             h.progress("target missed: cProfile of 4096x4 kept in the JSON extras")
+            reduction_layout(h, 4096, 4, reps)
     h.plot("policy_update", lambda fig: _draw(fig, worlds, sites, med))
 
 
@@ -100,6 +101,26 @@ def profile(n_ranks: int, n_sites: int, calls: int = 300) -> str:
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
     return buf.getvalue()
+
+
+def reduction_layout(h: Harness, n_ranks: int, n_sites: int, reps: int) -> None:
+    """The update reduces over ranks (axis 0 of [N, S]) several times per call; at small S
+    NumPy walks that axis slowly. Times the same reductions on both layouts, and the median
+    of the step times, to show where the update's time goes."""
+    a = np.random.default_rng(1).uniform(0, 1000, size=(n_ranks, n_sites))
+    at = np.ascontiguousarray(a.T)
+    steps = a[:, 0].copy()
+    ops = {
+        "min over ranks, [N,S] axis 0 (as in update)": lambda: a.min(axis=0),
+        "min over ranks, [S,N] axis 1 (transposed)": lambda: at.min(axis=1),
+        "nanmin over ranks, [N,S] axis 0": lambda: np.nanmin(a, axis=0),
+        "argmin over ranks, [N,S] axis 0": lambda: a.argmin(axis=0),
+        "median of N step times": lambda: np.median(steps),
+        "elementwise [N,S] (a + a)": lambda: a + a,
+    }
+    s = interleave(ops, warmup=10, repeats=reps)
+    for k, v in s.items():
+        h.record("policy_update_parts", {"world": n_ranks, "sites": n_sites, "op": k}, v)
 
 
 def _draw(fig, worlds: list[int], sites: list[int], med: dict[int, dict[int, float]]) -> None:

@@ -1,0 +1,109 @@
+"""Smoke tests of the benchmark harness and `python -m bench`: quantiles, the result schema and
+files, a tiny CPU run through `main(argv)` into a temporary folder, and the GPU suite skipping
+cleanly without CUDA. Timing figures are never asserted: the CI machine is shared."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # bench/ runs from a checkout; it is not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.__main__ import gpu_missing, main  # noqa: E402
+from bench.harness import SCHEMA, Harness, Machine, interleave, quantiles, time_calls  # noqa: E402
+
+
+def test_quantiles_of_known_samples():
+    q = quantiles(np.arange(1, 101, dtype=float))
+    assert q["n"] == 100
+    assert q["p50"] == pytest.approx(50.5)
+    assert q["p20"] == pytest.approx(np.percentile(np.arange(1, 101), 20))
+    assert q["p20"] < q["p50"] < q["p80"] < q["p99"] <= 100
+    assert q["mean"] == pytest.approx(50.5)
+
+
+def test_quantiles_drop_non_finite_and_handle_empty():
+    assert quantiles([1.0, math.nan, math.inf, 3.0])["n"] == 2
+    empty = quantiles([])
+    assert empty["n"] == 0 and math.isnan(empty["p50"])
+
+
+def test_interleave_rotates_order_and_times_every_repeat():
+    order: list[str] = []
+    fns = {k: (lambda k=k: order.append(k)) for k in "abc"}
+    out = interleave(fns, warmup=1, repeats=4)
+    assert {k: v.shape for k, v in out.items()} == {k: (4,) for k in "abc"}
+    assert all((v >= 0).all() for v in out.values())
+    rounds = [order[i : i + 3] for i in range(0, len(order), 3)]
+    assert len(rounds) == 5 and {r[0] for r in rounds} == {"a", "b", "c"}
+    assert time_calls(lambda: None, warmup=0, repeats=3).shape == (3,)
+
+
+def test_machine_names_the_hardware_and_versions():
+    m = Machine.probe("a note")
+    assert m.cpu and m.cores >= 1 and m.date.endswith("Z")
+    assert "torch" in m.versions and "numpy" in m.versions
+    slug = m.slug("cpu")
+    assert slug.endswith(f"-{m.cores}c") and " " not in slug
+
+
+def test_harness_writes_schema_rows_and_files(tmp_path):
+    h = Harness("cpu", quick=True, out_dir=tmp_path, machine=Machine.probe("shared VM"))
+    h.record("demo", {"size": "4KB", "variant": "plain"}, [1.0, 2.0, 3.0, 4.0])
+    h.record("demo", "ratio", [1.0, 1.1], metric="ratio", unit="x")
+    assert h.check("demo under 2", 1.5, 2.0, "us").met
+    assert not h.check("demo nan", math.nan, 2.0, "us").met
+    h.skip("other", "needs something")
+    h.plot("demo", lambda fig: fig.add_subplot(1, 1, 1).plot([1, 2], [3, 4]))
+    paths = h.write()
+    names = {p.name for p in paths}
+    assert names == {f"{h.stem}{s}" for s in (".csv", ".json", ".md", "_demo.png")}
+    assert h.stem.startswith("cpu-quick_") and h.stem[-8:].isdigit()
+
+    rows = list(csv.DictReader(open(tmp_path / f"{h.stem}.csv", encoding="utf-8")))
+    assert len(rows) == 2 and tuple(rows[0]) == SCHEMA
+    assert rows[0]["case"] == "size=4KB variant=plain" and rows[0]["note"] == "shared VM"
+    assert float(rows[0]["p50"]) == pytest.approx(2.5)
+    doc = json.loads((tmp_path / f"{h.stem}.json").read_text())
+    assert [c["met"] for c in doc["checks"]] == [True, False]
+    assert all(tuple(r) == SCHEMA for r in doc["rows"])
+    assert doc["machine"]["cpu"] == rows[0]["cpu"]
+    md = (tmp_path / f"{h.stem}.md").read_text()
+    assert "## Targets" in md and "needs something" in md and "| size=4KB variant=plain |" in md
+
+
+@pytest.mark.timeout(180)
+def test_quick_cpu_suite_through_main(tmp_path):
+    rc = main(["--suite", "cpu", "--quick", "--out", str(tmp_path), "--note", "test"])
+    assert rc == 0
+    (doc_path,) = tmp_path.glob("cpu-quick_*.json")
+    doc = json.loads(doc_path.read_text())
+    benches = {r["bench"] for r in doc["rows"]}
+    assert {"gloo_all_reduce", "gloo_all_reduce_ratio", "policy_update", "telemetry"} <= benches
+    assert not doc["skips"], doc["skips"]
+    assert {c["name"].split(",")[0] for c in doc["checks"]} >= {"policy update"}
+    assert all(r["n"] > 0 and r["note"] == "test" for r in doc["rows"])
+    assert len(list(tmp_path.glob("*.png"))) >= 2
+
+
+@pytest.mark.skipif(gpu_missing() is None, reason="CUDA is present: the skip path cannot run")
+def test_gpu_suite_skips_cleanly_without_cuda(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--suite", "gpu", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SKIP" in proc.stderr and "CUDA" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no GPU figure is ever written without a GPU
