@@ -1,0 +1,111 @@
+"""The spin-wait, alone and fused with the arrive and enter stamps.
+
+One program, one warp (`num_warps=1`): a paced rank delays by keeping one warp busy instead of
+the many CTAs an NCCL kernel would spin on (DESIGN.md, "Why pacing can raise throughput").
+Every launch reads its delay from device memory, so the delay changes between CUDA-graph
+replays with no host work. Whatever the buffer holds (NaN, negative, huge), the delay is clamped
+inside the kernel to [0, min(cap_us, HARD_CAP_US)], and the loop also stops after a bounded
+number of clock reads and if the clock runs backwards: it cannot spin forever. The kernel
+writes the delay it really applied, measured on the device clock.
+
+Buffers, shared with `stamp.py` and the device engine:
+  row     float32 [2 + 2M]: n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1} (the host's layout)
+  stamps  int64 [M, 3]: arrive, enter, exit of each site, device clock (ns)
+  clk     int64 [2]: exit of site 0 at the previous step (0: none), the virtual clock
+          (clock-free path only)
+Spin precision targets (error p99 <= timer tick + 1 us on an H200): not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .clock import now, stamp_now, use_clock
+
+# A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
+# but the device never spins longer than this.
+HARD_CAP_US = 1_000_000.0
+# One clock read and compare takes far more than 2 ns, so cap / 2 ns reads cover any real
+# delay; the bound matters only when the clock is stuck.
+MIN_READ_NS = 2
+HARD_MAX_READS = int(HARD_CAP_US * 1000) // MIN_READ_NS
+
+
+@triton.jit
+def spin_for(delay_us, cap_us, max_reads, t0, fake_tick, USE_CLOCK: tl.constexpr,
+             HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr):
+    """Spins from clock time `t0` for the clamped delay; returns (end time, clock reads)."""
+    cap = tl.where(cap_us == cap_us, cap_us, 0.0)  # NaN cap: no delay
+    cap = tl.minimum(tl.maximum(cap, 0.0), HARD_CAP)
+    d = tl.where(delay_us == delay_us, delay_us, 0.0)  # NaN delay: none
+    d = tl.minimum(tl.maximum(d, 0.0), cap)
+    target = t0 + (d * 1000.0).to(tl.int64)
+    reads = tl.minimum(tl.maximum(max_reads, 0), HARD_READS)
+    t = t0
+    i = 0
+    while (t < target) & (i < reads) & (t >= t0):
+        t = now(t, fake_tick, USE_CLOCK)
+        i += 1
+    return t, i
+
+
+@triton.jit
+def _spin_kernel(delay_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads, fake_tick,
+                 USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr):
+    t0 = stamp_now(clk_ptr, USE_CLOCK)
+    t, i = spin_for(tl.load(delay_ptr), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
+                    HARD_CAP, HARD_READS)
+    tl.store(applied_ptr, ((t - t0).to(tl.float32)) * 0.001)
+    tl.store(reads_ptr, i)
+    if not USE_CLOCK:
+        tl.store(clk_ptr + 1, t)
+
+
+@triton.jit
+def _enter_kernel(delay_ptr, row_ptr, stamps_ptr, clk_ptr, site, n_max_sites, cap_us, max_reads,
+                  fake_tick, USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr,
+                  HARD_READS: tl.constexpr):
+    # arrive stamp -> spin(delay[site]) -> enter stamp, and the applied delay into the row.
+    t0 = stamp_now(clk_ptr, USE_CLOCK)
+    t, i = spin_for(tl.load(delay_ptr + site), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
+                    HARD_CAP, HARD_READS)
+    tl.store(stamps_ptr + 3 * site, t0)
+    tl.store(stamps_ptr + 3 * site + 1, t)
+    tl.store(row_ptr + 2 + n_max_sites + site, ((t - t0).to(tl.float32)) * 0.001)
+    if not USE_CLOCK:
+        tl.store(clk_ptr + 1, t)
+
+
+def max_reads_for(cap_us: float) -> int:
+    """The clock-read bound the launchers pass for a cap: enough for any real delay."""
+    cap = min(max(float(cap_us), 0.0), HARD_CAP_US) if cap_us == cap_us else 0.0
+    return int(cap * 1000) // MIN_READ_NS + 1000
+
+
+def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: torch.Tensor, *,
+         cap_us: float, max_reads: int | None = None, clock: bool | None = None,
+         fake_tick: int = 1000) -> None:
+    """Spins for `delay[0]` us (float32, device memory), clamped to [0, min(cap_us, 1 s)];
+    writes the applied delay (us) to `applied[0]` and the clock reads to `reads[0]` (int32).
+    `clk` is the engine's int64 [2] clock buffer (the virtual clock on the clock-free path)."""
+    n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
+    _spin_kernel[(1,)](delay, applied, reads, clk, float(cap_us), n, int(fake_tick),
+                       USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
+                       num_warps=1)
+
+
+def enter(delay: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor,
+          site: int, *, cap_us: float, max_reads: int | None = None, clock: bool | None = None,
+          fake_tick: int = 1000) -> None:
+    """The fused pre-collective kernel of site `site`: stamps arrival, spins for
+    `delay[site]` (this rank's row of the delay matrix, float32 us), stamps entry and writes the
+    applied delay into `row`. See the module docstring for the buffers."""
+    m = stamps.shape[0]
+    if not 0 <= site < m:
+        raise ValueError(f"site must be in [0, {m}), got {site}")
+    n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
+    _enter_kernel[(1,)](delay, row, stamps, clk, int(site), m, float(cap_us), n, int(fake_tick),
+                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US,
+                        HARD_READS=HARD_MAX_READS, num_warps=1)
