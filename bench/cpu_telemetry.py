@@ -81,3 +81,42 @@ def bench_telemetry(h: Harness) -> None:
             for k, v in s.items():
                 h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
             sizes[str(n)] = nbytes
+        to_json_parts(h, max(worlds))
+
+
+def to_json_parts(h: Harness, n: int) -> None:
+    """Where `StepRecord.to_json` spends its time at `n` ranks: the dataclass copy, the
+    NaN-to-null pass and the JSON encoding (the steps it takes, re-timed one by one)."""
+    import dataclasses
+    import json
+
+    from gpupace import telemetry
+
+    finite = getattr(telemetry, "_finite", None)  # private helper; skip the row if it moved
+    rng = np.random.default_rng(2)
+    rec = telemetry.StepRecord(
+        step=1,
+        time_s=1.0,
+        step_time_us=2e4,
+        spread_us=500.0,
+        residual_us=20.0,
+        transfer_us=300.0,
+        straggler=3,
+        active=True,
+        earliness_us=rng.uniform(0, 900, n).tolist(),
+        wait_us=rng.uniform(300, 1200, n).tolist(),
+        delay_us=rng.uniform(0, 500, n).tolist(),
+        step_times_us=rng.normal(2e4, 500, n).tolist(),
+        site_spread_us=rng.uniform(0, 900, N_SITES).tolist(),
+    )
+    as_dict = dataclasses.asdict(rec)
+    parts = {
+        "dataclasses.asdict": lambda: dataclasses.asdict(rec),
+        "json.dumps": lambda: json.dumps(as_dict, separators=(",", ":")),
+        "to_json (all)": rec.to_json,
+    }
+    if finite is not None:
+        parts["NaN-to-null pass (_finite)"] = lambda: finite(as_dict)
+    s = interleave(parts, warmup=3, repeats=20 if h.quick else 60)
+    for k, v in s.items():
+        h.record("telemetry_to_json_parts", {"world": n, "part": k}, v)
