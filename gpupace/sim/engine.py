@@ -1,0 +1,126 @@
+"""The Numba hot loops: one bulk-synchronous step of every rank, bucket by bucket.
+
+Timeline of rank i in one step, in us from the previous step's last collective exit:
+  optimizer (previous step) -> forward -> backward bucket 0 .. B-1 (compute stream)
+  comm stream, per bucket b: natural arrival a = max(gradient ready, exit of bucket b-1)
+  -> pacing delay d (gpupace's one-warp spin) -> entry e = a + d -> the collective starts when
+  the last rank enters, s = max e, and every rank leaves at x = s + transfer.
+Backward compute of bucket b overlaps the collectives of earlier buckets. While a collective
+kernel is resident on rank i ([e, x): waiting, then transferring) compute runs at
+`1 - coupling`; during a pacing spin ([a, e)) at `1 - paced_coupling`; otherwise at full speed.
+This is the spin coupling: an early rank that waits inside NCCL slows its own next bucket.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, inline="always")
+def _finish_time(t0, work, b, a, e, s, x, kp, kc):
+    """When `work` us of compute started at `t0` ends, given the comm intervals of buckets < b."""
+    t = t0
+    rem = work
+    for j in range(b):
+        if x[j] <= t:
+            continue
+        # three segments of bucket j: spin [a, e), collective [e, x); idle before a
+        for seg in range(2):
+            lo = a[j] if seg == 0 else e[j]
+            hi = e[j] if seg == 0 else x[j]
+            k = kp if seg == 0 else kc
+            if lo > t:  # comm stream idle: full speed
+                gap = lo - t
+                if rem <= gap:
+                    return t + rem
+                rem -= gap
+                t = lo
+            if hi > t:
+                speed = 1.0 - k
+                dur = hi - t
+                if rem <= dur * speed:
+                    return t + rem / speed
+                rem -= dur * speed
+                t = hi
+    return t + rem
+
+
+@njit(cache=True)
+def arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e):
+    """Natural arrivals a[:, b] of every rank at bucket b (compute of b overlaps buckets < b)."""
+    n = work.shape[0]
+    for i in range(n):
+        if b == 0:
+            ready[i, 0] = start[i] + fwd[i] + work[i, 0]
+            a[i, 0] = ready[i, 0]
+        else:
+            ready[i, b] = _finish_time(ready[i, b - 1], work[i, b], b, a[i], e[i], s, x, kp, kc)
+            a[i, b] = max(ready[i, b], x[b - 1])
+
+
+@njit(cache=True)
+def finish_bucket(b, delay_b, xfer_b, a, e, s, x, w, d):
+    """Applies the delays of bucket b, runs its collective and records each rank's wait."""
+    n = a.shape[0]
+    last = -np.inf
+    for i in range(n):
+        di = delay_b[i]
+        d[i, b] = di
+        e[i, b] = a[i, b] + di
+        if e[i, b] > last:
+            last = e[i, b]
+    s[b] = last
+    x[b] = last + xfer_b
+    for i in range(n):
+        w[i, b] = x[b] - e[i, b]
+
+
+@njit(cache=True)
+def run_step(start, fwd, work, xfer, delay, kp, kc, ready, a, e, s, x, w, d):
+    """One whole step with delays known in advance (policies `none` and `gpupace`)."""
+    for b in range(work.shape[1]):
+        arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e)
+        finish_bucket(b, delay[:, b], xfer[b], a, e, s, x, w, d)
+
+
+@njit(cache=True)
+def ar1(z0, eps, rho):
+    """AR(1) with unit stationary variance: z[t] = rho z[t-1] + sqrt(1 - rho^2) eps[t]."""
+    out = np.empty_like(eps)
+    z = z0.copy()
+    c = np.sqrt(1.0 - rho * rho)
+    for t in range(eps.shape[0]):
+        for j in range(eps.shape[1]):
+            z[j] = rho * z[j] + c * eps[t, j]
+            out[t, j] = z[j]
+    return out
+
+
+@njit(cache=True)
+def markov2(state0, u, p_on, p_off):
+    """Two-state Markov chain (0: normal, 1: communication-bound) driven by uniforms u."""
+    out = np.empty(u.shape[0], dtype=np.int8)
+    st = state0
+    for t in range(u.shape[0]):
+        if st == 0 and u[t] < p_on:
+            st = 1
+        elif st == 1 and u[t] < p_off:
+            st = 0
+        out[t] = st
+    return out
+
+
+def warmup() -> float:
+    """Compiles (or loads from the on-disk cache) every kernel on tiny inputs; returns seconds."""
+    import time
+
+    t0 = time.perf_counter()
+    n, nb = 2, 2
+    z = np.zeros((n, nb))
+    v = np.zeros(nb)
+    run_step(np.zeros(n), np.ones(n), np.ones((n, nb)), v.copy(), z.copy(), 0.0, 0.1,
+             z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())
+    ar1(np.zeros(1), np.zeros((2, 1)), 0.5)
+    markov2(0, np.zeros(2), 0.1, 0.1)
+    return time.perf_counter() - t0

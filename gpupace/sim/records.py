@@ -1,0 +1,78 @@
+"""Simulated runs as telemetry: the same JSON-lines format as `Pacer`, header source "sim".
+
+Every tool that reads a real run reads a simulated one. Each single-mode preset
+(`gpupace.sim.presets`) gives a file with one known failure mode: the header's `sim` entry
+names it (`failure_modes`), with the preset, policy, seed, scenario and the slow ranks.
+
+    from gpupace.sim import presets, simulate, write_telemetry
+    res = simulate(presets.locality(nodes=4), policy="none", steps=500, seed=1)
+    write_telemetry(res, "locality.jsonl")     # header["sim"]["failure_modes"] == ["locality"]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import policy as pol
+from ..telemetry import StepRecord, TelemetryWriter, make_header
+from .simulate import SimResult
+
+
+def sim_header(result: SimResult, label: str | None = None) -> dict[str, Any]:
+    """The telemetry header of a simulated run, with a `sim` entry describing the ground truth."""
+    sc = result.scenario
+    header = make_header(source="sim", world_size=sc.ranks, rank=0,
+                         label=sc.name if label is None else label,
+                         sites=[f"bucket{b}" for b in range(sc.buckets)],
+                         config=result.config.to_dict())
+    header["sim"] = {
+        "preset": sc.name,
+        "policy": result.policy,
+        "seed": result.seed,
+        "steps": result.steps,
+        "failure_modes": sc.failure_modes(),
+        "slow_ranks": list(result.slow_ranks),
+        "scenario": sc.to_dict(),
+    }
+    return header
+
+
+def to_records(result: SimResult) -> Iterator[StepRecord]:
+    """One `StepRecord` per simulated step. The estimator fields (earliness, spread, residual,
+    transfer, straggler) come from `gpupace.policy.update` in observe mode on the simulated
+    (wait, delay) rows, exactly as a pacer computes them; `active` is what the run's policy
+    decided. Needs the per-site arrays (`simulate(..., keep_sites=True)`)."""
+    if result.site_wait_us is None or result.site_delay_us is None:
+        raise ValueError("this result has no per-site arrays; rerun simulate(..., keep_sites=True)"
+                         " (or with fewer steps x ranks x buckets)")
+    from ..backends.host import make_record  # the pacer's own record builder: one format
+    from ..config import PaceConfig
+
+    n, nb = result.ranks, result.scenario.buckets
+    params = pol.PolicyParams.from_config(PaceConfig(mode="observe"), n)
+    state = pol.init_state(n, nb)
+    time_s = np.nancumsum(result.step_us) * 1e-6
+    for k in range(result.steps):
+        w, d = result.site_wait_us[k], result.site_delay_us[k]
+        steps = np.full(n, result.step_us[k])
+        state, stats = pol.update(params, state, w, d, steps)
+        stats.active = result.active[k].copy()
+        yield make_record(k, float(time_s[k]), stats, w, d, steps, 0)
+
+
+def write_telemetry(result: SimResult, path: str | os.PathLike, *, label: str | None = None,
+                    interval: int = 1000) -> Path:
+    """Writes `result` as a telemetry JSON-lines file readable by
+    `gpupace.telemetry.read_telemetry`. `label` defaults to the scenario's name. Returns the path."""
+    writer = TelemetryWriter(path, sim_header(result, label), interval=interval)
+    try:
+        for rec in to_records(result):
+            writer.write(rec)
+    finally:
+        writer.close()
+    return Path(path)

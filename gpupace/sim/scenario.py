@@ -1,0 +1,208 @@
+"""`Scenario`: every parameter of a simulated cluster, validated, each default with its source.
+
+Times are in microseconds. The four failure modes of the study are explicit groups of fields:
+runtime jitter (noise, spikes, regimes), locality (fixed per-rank offsets), fabric
+(hierarchical oversubscribed network with correlated contention per leaf switch) and
+amplification (bucketed all-reduce overlapping the backward pass, plus the spin coupling).
+No GPU measurement exists yet: every coupling default below is an assumption to be replaced
+by the device check's figure (bench/, `-m gpu`) once one exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Most paced sites the simulator models; matches PaceConfig.max_sites' default.
+MAX_BUCKETS = 64
+MAX_RANKS = 65_536
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Scenario:
+    """A simulated data-parallel job. All defaults give a quiet, uncoupled cluster; presets
+    (`gpupace.sim.presets`) switch failure modes on one at a time or together."""
+
+    name: str = "custom"
+    """Label carried into results and telemetry (a preset's name)."""
+
+    # -- cluster ------------------------------------------------------------------------------
+    nodes: int = 8
+    """Nodes in the job."""
+    gpus_per_node: int = 8
+    """Ranks per node (8: DGX/HGX H100, vendor figure)."""
+    nodes_per_leaf: int = 16
+    """Nodes under one leaf switch (assumption: a 64-port leaf with 8 NIC ports per node and
+    half its ports up, 1:1; `oversubscription` thins the uplinks)."""
+    samples_per_rank: float = 8.0
+    """Samples per rank per step; throughput = ranks x this / step time (assumption)."""
+
+    # -- compute --------------------------------------------------------------------------------
+    forward_us: float = 100_000.0
+    """Forward pass per step at full speed (assumption: a 100 ms forward)."""
+    backward_ratio: float = 2.0
+    """Backward time / forward time: 2 (backward costs twice the forward's FLOPs,
+    Kaplan et al. 2020, 6N = 2N forward + 4N backward FLOPs per token)."""
+    optimizer_us: float = 5_000.0
+    """Optimizer step after the last all-reduce, not overlapped (assumption)."""
+    grad_mb: float = 100.0
+    """Gradient bytes per step, MB (assumption: ~25 M fp32 parameters, ResNet-50 scale,
+    He et al. 2016)."""
+    bucket_mb: float = 25.0
+    """DDP bucket size, MB (PyTorch DDP's default `bucket_cap_mb=25`). One bucket = one site."""
+
+    # -- runtime jitter (failure mode 4) ---------------------------------------------------------
+    noise_sigma: float = 0.0
+    """Log-normal sigma of each rank's compute per bucket and per forward (0: none)."""
+    spike_prob: float = 0.0
+    """Chance per rank per step of a heavy-tailed stall (OS noise, allocator, launch delay)."""
+    spike_us: float = 1_000.0
+    """Pareto scale (minimum) of a stall, us (assumption)."""
+    spike_alpha: float = 1.5
+    """Pareto shape of stalls; < 2 means infinite variance, the heavy tail the study describes
+    (assumption; OS-noise amplification at scale: Petrini et al., SC'03)."""
+    regime_on_prob: float = 0.0
+    """Chance per step that the job enters the communication-bound regime (0: never)."""
+    regime_off_prob: float = 0.1
+    """Chance per step that it leaves it (mean stay 1/this steps; assumption)."""
+    regime_comm_factor: float = 1.0
+    """Transfer-time multiplier in the communication-bound regime (1: no effect)."""
+
+    # -- locality (failure mode 3) -------------------------------------------------------------
+    locality_pattern_us: tuple[float, ...] = ()
+    """Fixed extra compute per step (us) of rank i is `pattern[i % len(pattern)]`: GPUs with a
+    far NIC or a NUMA hop keep a handicap. Empty: none. Presets build it per node."""
+    rank_speed_sigma: float = 0.0
+    """Log-normal sigma of a fixed per-rank speed factor (chip-to-chip variation; Sinha et al.,
+    SC'22, report several percent across GPUs of one cluster)."""
+
+    # -- fabric (failure mode 2) ---------------------------------------------------------------
+    nic_gbps: float = 400.0
+    """NIC line rate per GPU, Gb/s (ConnectX-7, one per GPU in DGX H100: vendor figure)."""
+    nvlink_gbs: float = 450.0
+    """NVLink bandwidth per GPU per direction, GB/s (H100 SXM 900 GB/s bidirectional: vendor)."""
+    link_efficiency: float = 0.8
+    """Achieved fraction of line rate in NCCL bus bandwidth (assumption)."""
+    oversubscription: float = 1.0
+    """Leaf uplink oversubscription; traffic that crosses leaves gets 1/this of the NIC rate."""
+    hop_latency_us: float = 5.0
+    """Latency per algorithm step of a collective, us (assumption)."""
+    contention_mean: float = 0.0
+    """Mean extra load on a leaf switch from other traffic, as a fraction of its capacity."""
+    contention_sigma: float = 0.0
+    """Log-normal sigma of that load (0: constant)."""
+    contention_rho: float = 0.95
+    """Step-to-step correlation of each switch's load (time-varying, correlated; assumption)."""
+
+    # -- amplification (failure mode 1) --------------------------------------------------------
+    coupling: float = 0.0
+    """Fraction of compute throughput lost while this rank's collective kernel is resident,
+    waiting or transferring (NCCL holds one CTA per channel, e.g. 16-32 of H100's 132 SMs).
+    Assumption; replace with the device check's figure (no GPU measurement exists yet)."""
+    paced_coupling: float = 1.0 / 132.0
+    """Fraction lost while gpupace's one-warp spin holds the stream: one of 132 SMs (H100 SXM
+    SM count, vendor figure); the device check should replace it."""
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi, kind) in _RANGES.items():
+            _check(name, getattr(self, name), lo, hi, kind)
+        if not isinstance(self.name, str):
+            raise ValueError(f"name must be a string, got {self.name!r}")
+        pat = self.locality_pattern_us
+        if not isinstance(pat, tuple):
+            object.__setattr__(self, "locality_pattern_us", tuple(float(v) for v in pat))
+        for v in self.locality_pattern_us:
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 1e8):
+                raise ValueError(
+                    f"locality_pattern_us entries must be finite numbers in [0, 1e8], got {v!r}")
+        if self.ranks > MAX_RANKS:
+            raise ValueError(f"nodes x gpus_per_node must be <= {MAX_RANKS}, got {self.ranks}")
+        if self.buckets > MAX_BUCKETS:
+            raise ValueError(f"grad_mb / bucket_mb must give <= {MAX_BUCKETS} buckets, got "
+                             f"{self.buckets} (grad_mb={self.grad_mb}, bucket_mb={self.bucket_mb})")
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def buckets(self) -> int:
+        return max(1, math.ceil(self.grad_mb / self.bucket_mb - 1e-9))
+
+    @property
+    def leaves(self) -> int:
+        return math.ceil(self.nodes / self.nodes_per_leaf)
+
+    def replace(self, **changes: Any) -> Scenario:
+        """A validated copy with `changes`; unknown names raise ValueError."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = set(changes) - known
+        if unknown:
+            raise ValueError(f"unknown Scenario fields {sorted(unknown)}; known: {sorted(known)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["locality_pattern_us"] = list(self.locality_pattern_us)
+        return d
+
+    def failure_modes(self) -> list[str]:
+        """Which of the study's failure modes this scenario switches on (labels for test data)."""
+        modes = []
+        if self.noise_sigma > 0 or self.spike_prob > 0 or (
+                self.regime_on_prob > 0 and self.regime_comm_factor != 1.0):
+            modes.append("jitter")
+        if any(v > 0 for v in self.locality_pattern_us) or self.rank_speed_sigma > 0:
+            modes.append("locality")
+        if self.contention_mean > 0 or (self.oversubscription > 1 and self.leaves > 1):
+            modes.append("fabric")
+        if self.coupling > 0:
+            modes.append("amplification")
+        return modes
+
+
+# name -> (low, high, kind); kind "int", "float" (closed range) or "pos" (low is open).
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "nodes": (1, 4096, "int"),
+    "gpus_per_node": (1, 64, "int"),
+    "nodes_per_leaf": (1, 4096, "int"),
+    "samples_per_rank": (0.0, 1e9, "pos"),
+    "forward_us": (0.0, 1e8, "pos"),
+    "backward_ratio": (0.0, 100.0, "pos"),
+    "optimizer_us": (0.0, 1e8, "float"),
+    "grad_mb": (0.0, 1e6, "pos"),
+    "bucket_mb": (0.0, 1e6, "pos"),
+    "noise_sigma": (0.0, 2.0, "float"),
+    "spike_prob": (0.0, 1.0, "float"),
+    "spike_us": (0.0, 1e8, "pos"),
+    "spike_alpha": (1.0, 10.0, "pos"),
+    "regime_on_prob": (0.0, 1.0, "float"),
+    "regime_off_prob": (0.0, 1.0, "pos"),
+    "regime_comm_factor": (1.0, 100.0, "float"),
+    "rank_speed_sigma": (0.0, 1.0, "float"),
+    "nic_gbps": (0.0, 1e5, "pos"),
+    "nvlink_gbs": (0.0, 1e5, "pos"),
+    "link_efficiency": (0.0, 1.0, "pos"),
+    "oversubscription": (1.0, 64.0, "float"),
+    "hop_latency_us": (0.0, 1e6, "float"),
+    "contention_mean": (0.0, 100.0, "float"),
+    "contention_sigma": (0.0, 5.0, "float"),
+    "contention_rho": (0.0, 1.0, "float"),
+    "coupling": (0.0, 0.95, "float"),
+    "paced_coupling": (0.0, 0.95, "float"),
+}
+
+
+def _check(name: str, v: Any, lo: float, hi: float, kind: str) -> None:
+    if kind == "int":
+        ok = isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+        if not ok:
+            raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = ok and (v > lo if kind == "pos" else v >= lo) and v <= hi
+    if not ok:
+        left = "(" if kind == "pos" else "["
+        raise ValueError(f"{name} must be a finite number in {left}{lo}, {hi}], got {v!r}")

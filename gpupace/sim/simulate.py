@@ -1,0 +1,191 @@
+"""`simulate`: runs one scenario under one policy and returns per-step, per-rank results.
+
+Policies:
+  none     no delay.
+  gpupace  the real control law, `gpupace.policy.update`, fed each step with the clock-free
+           inputs a real pacer measures: every rank's wait w and applied delay d per site and
+           its step time; its next delays are applied at the next step.
+  oracle   perfect foresight, `gpupace.policy.oracle_delays` on the true natural arrivals of
+           each bucket (no guard, no cap): the upper bound pacing is judged against.
+The simulated collectives end at the same instant on every rank, so the clock-free earliness
+the policy estimates equals the true one here; a real fabric adds a few us of exit skew.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import policy as pol
+from ..config import PaceConfig
+from . import engine
+from .draws import Draws, locality_offsets_us
+from .scenario import Scenario
+
+POLICIES = ("none", "gpupace", "oracle")
+MAX_STEPS = 10_000_000
+# Keep per-site arrays [steps, ranks, sites] (two float64 arrays) only up to this many entries:
+# 64 MB each.
+KEEP_SITES_LIMIT = 8_000_000
+
+
+@dataclass(slots=True)
+class SimResult:
+    """One simulated run. Times in us; step 0 has no step time (NaN), as in real telemetry."""
+
+    scenario: Scenario
+    policy: str
+    config: PaceConfig
+    seed: int
+    step_us: np.ndarray  # [steps] exit-to-exit interval of site 0 (the same on every rank)
+    spread_us: np.ndarray  # [steps, sites] true arrival spread, max a - min a
+    active: np.ndarray  # [steps, sites] bool: pacing engaged (gpupace) / delays given (oracle)
+    earliness_us: np.ndarray  # [steps, ranks] float32, at the site of largest spread
+    delay_us: np.ndarray  # [steps, ranks] float32, applied, summed over sites
+    regime: np.ndarray  # [steps] int8, 1 = communication-bound regime
+    contention: np.ndarray  # [steps] inter-node transfer slowdown from switch load
+    slow_ranks: list[int]  # ranks with a fixed locality handicap, slowest first
+    site_wait_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
+    site_delay_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
+    elapsed_s: float = 0.0  # wall time of the run, compile excluded
+    policy_s: float = 0.0  # of which in gpupace.policy (update or oracle_delays)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return int(self.step_us.size)
+
+    @property
+    def ranks(self) -> int:
+        return self.scenario.ranks
+
+    def summary(self, skip: int | None = None) -> dict[str, Any]:
+        """Steady-state figures over steps `skip..` (default: the second half, after the
+        policy's warmup and holdoff). Throughput in samples/s."""
+        skip = self.steps // 2 if skip is None else skip
+        st = self.step_us[skip:]
+        st = st[np.isfinite(st)]
+        if st.size < 2:
+            raise ValueError(f"need at least 2 measured steps after skip={skip}, got {st.size}")
+        mean = float(st.mean())
+        return {
+            "throughput": self.scenario.samples_per_rank * self.ranks * 1e6 / mean,
+            "step_time_mean": mean,
+            "step_time_cv": float(st.std() / mean),
+            "step_time_p99": float(np.percentile(st, 99)),
+            "spread_mean": float(np.nanmean(self.spread_us[skip:].max(axis=1))),
+            "active_fraction": float(self.active[skip:].any(axis=1).mean()),
+            "delay_mean": float(self.delay_us[skip:].mean()),
+        }
+
+
+def simulate(
+    scenario: Scenario,
+    policy: str = "none",
+    config: PaceConfig | None = None,
+    steps: int = 2000,
+    seed: int = 0,
+    *,
+    keep_sites: bool | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Simulates `steps` steps of `scenario` under `policy` ("none", "gpupace" or "oracle").
+    `config` is the PaceConfig of the gpupace policy (default: PaceConfig(mode="pace")).
+    `keep_sites`: keep [steps, ranks, sites] wait and delay arrays (needed to write telemetry);
+    default: when they hold at most 8 M entries. `progress(done, total)` is called now and
+    then. Raises ValueError naming any bad argument."""
+    if not isinstance(scenario, Scenario):
+        raise ValueError(f"scenario must be a gpupace.sim.Scenario, got {type(scenario).__name__}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 2 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an integer in [2, {MAX_STEPS}], got {steps!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    cfg = config if config is not None else PaceConfig(mode="pace")
+    if not isinstance(cfg, PaceConfig):
+        raise ValueError(f"config must be a PaceConfig, got {type(cfg).__name__}")
+    engine.warmup()  # compile outside the timed loop
+
+    sc = scenario
+    n, nb = sc.ranks, sc.buckets
+    if keep_sites is None:
+        keep_sites = steps * n * nb <= KEEP_SITES_LIMIT
+    draws = Draws(sc, seed)
+    params = pol.PolicyParams.from_config(cfg, n)
+    state = pol.init_state(n, nb)
+    kp, kc = float(sc.paced_coupling), float(sc.coupling)
+
+    ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
+    s, x = np.zeros(nb), np.zeros(nb)
+    zeros = np.zeros((n, nb))
+    out_step = np.full(steps, np.nan)
+    out_spread = np.zeros((steps, nb))
+    out_active = np.zeros((steps, nb), dtype=bool)
+    out_early = np.zeros((steps, n), dtype=np.float32)
+    out_delay = np.zeros((steps, n), dtype=np.float32)
+    out_regime = np.zeros(steps, dtype=np.int8)
+    out_cont = np.ones(steps)
+    site_w = np.zeros((steps, n, nb)) if keep_sites else None
+    site_d = np.zeros((steps, n, nb)) if keep_sites else None
+
+    origin, prev_x0 = 0.0, math.nan
+    t_policy = 0.0
+    t0 = last_report = time.perf_counter()
+    k = 0
+    while k < steps:
+        c = min(draws.chunk_steps, steps - k)
+        ch = draws.next(c)
+        out_regime[k:k + c] = ch.regime
+        out_cont[k:k + c] = ch.contention
+        for j in range(c):
+            if policy == "oracle":
+                for b in range(nb):
+                    engine.arrive_bucket(b, ch.opt[j], ch.fwd[j], ch.work[j], s, x, kp, kc,
+                                         ready, a, e)
+                    tq = time.perf_counter()
+                    db = pol.oracle_delays(a[:, b])
+                    t_policy += time.perf_counter() - tq
+                    engine.finish_bucket(b, db, ch.xfer[j, b], a, e, s, x, w, d)
+                out_active[k] = d.max(axis=0) > 0
+            else:
+                delay = state.delay if policy == "gpupace" else zeros
+                engine.run_step(ch.opt[j], ch.fwd[j], ch.work[j], ch.xfer[j], delay, kp, kc,
+                                ready, a, e, s, x, w, d)
+            x0 = origin + x[0]
+            step_us = x0 - prev_x0
+            out_step[k] = step_us
+            prev_x0 = x0
+            origin += x[nb - 1]
+            spread = a.max(axis=0) - a.min(axis=0)
+            out_spread[k] = spread
+            site = int(np.argmax(spread))
+            out_early[k] = a[:, site].max() - a[:, site]
+            out_delay[k] = d.sum(axis=1)
+            if keep_sites:
+                site_w[k] = w
+                site_d[k] = d
+            if policy == "gpupace":
+                tq = time.perf_counter()
+                state, stats = pol.update(params, state, w, d, np.full(n, step_us))
+                t_policy += time.perf_counter() - tq
+                out_active[k] = stats.active
+            k += 1
+        now = time.perf_counter()
+        if progress is not None and (now - last_report > 0.5 or k == steps):
+            progress(k, steps)
+            last_report = now
+
+    offsets = locality_offsets_us(sc)
+    slow = [int(r) for r in np.argsort(-offsets, kind="stable") if offsets[r] > 0]
+    return SimResult(
+        scenario=sc, policy=policy, config=cfg, seed=seed, step_us=out_step,
+        spread_us=out_spread, active=out_active, earliness_us=out_early, delay_us=out_delay,
+        regime=out_regime, contention=out_cont, slow_ranks=slow, site_wait_us=site_w,
+        site_delay_us=site_d, elapsed_s=time.perf_counter() - t0, policy_s=t_policy,
+    )
