@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -37,7 +38,9 @@ def _rank_main(fn, rank, world_size, backend, port, coll_timeout_s, results, arg
             value = fn(rank, world_size, *args, **kwargs)
         finally:
             dist.destroy_process_group()
-        results.put((rank, True, value))
+        # Plain pickle: torch's queue pickler would share tensors through file descriptors
+        # that vanish when this process exits.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - report anything, then exit non-zero
         results.put((rank, False, traceback.format_exc()))
         raise SystemExit(1) from None
@@ -80,7 +83,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
                 continue
             if not ok:
                 raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
-            out[rank] = value
+            out[rank] = pickle.loads(value)
         for p in procs:
             p.join(timeout=max(1.0, deadline - _now()))
     finally:

@@ -57,9 +57,13 @@ class Pacer:
         self.samples_per_step = samples_per_step
         self.steps = 0
         self._t0 = time.perf_counter()
-        self._engine = HostEngine(self.config, group, self.rank, self.world_size)
+        if self.backend == "device":  # imported here: only the device backend needs triton
+            from .backends.device import DeviceEngine
+            self._engine = DeviceEngine(self.config, group, self.rank, self.world_size)
+        else:
+            self._engine = HostEngine(self.config, group, self.rank, self.world_size)
         self.ring = Ring(self.config.ring_size)
-        self.site_names: list[str] = []
+        self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
         self._writer: TelemetryWriter | None = None
         path = self.config.telemetry_path
@@ -71,13 +75,29 @@ class Pacer:
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
+        """The backend to run. "auto": device for CUDA (nccl) groups when triton and cupy import,
+        else host.
+        "device" forced where it cannot run: a RuntimeError saying why (the missing package
+        and the extra to install)."""
+        if requested == "host":
+            return "host"
+        why = device_backend_missing()
         if requested == "device":
-            why = device_backend_missing()
-            raise RuntimeError(
-                f"backend='device' cannot run here: {why}" if why else
-                "backend='device' is not built yet in this version of gpupace; use 'host'"
-            )
-        return "host"
+            if why:
+                raise RuntimeError(f"backend='device' cannot run here: {why}")
+            if pg_backend not in ("nccl", "none"):
+                raise RuntimeError(f"backend='device' needs a CUDA (nccl) process group, got "
+                                   f"{pg_backend!r}; use backend='host'")
+            return "device"
+        return "device" if why is None and pg_backend == "nccl" else "host"
+
+    def warmup(self) -> None:
+        """Compiles every device kernel, makes every buffer and initialises the exchange, so
+        that a paced training step can then be captured in a CUDA graph. Call it after one
+        eager step, before `torch.cuda.graph(...)`. Synchronises. A no-op on the host backend."""
+        warm = getattr(self._engine, "warmup", None)
+        if self.enabled and warm is not None:
+            warm()
 
     @property
     def enabled(self) -> bool:
@@ -136,9 +156,7 @@ class Pacer:
         self.steps += 1
         if not self.enabled:
             return None
-        if not self.site_names:
-            self.site_names = list(self._names_this_step)
-        self._names_this_step = []
+        self.site_names, self._names_this_step = self._names_this_step, []
         record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         if record is not None:
             self.ring.append(record)

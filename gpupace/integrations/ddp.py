@@ -10,7 +10,8 @@ first iteration, so the site layout can change once: the policy restarts then, i
 `warmup_steps`. The hook averages like DDP's default hook (sum, then divide by world size).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
+
 
 import torch
 import torch.distributed as dist

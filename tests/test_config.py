@@ -1,0 +1,65 @@
+"""PaceConfig: defaults, environment overrides and their precedence, and clear errors."""
+
+import pytest
+
+from gpupace import PaceConfig
+from gpupace.config import DEFAULTS
+
+
+def test_defaults_are_valid_and_complete():
+    cfg = PaceConfig()
+    assert cfg.to_dict() == DEFAULTS
+
+
+def test_env_overrides_default_but_not_an_explicit_argument(monkeypatch):
+    monkeypatch.setenv("GPUPACE_MAX_DELAY_US", "1234.5")
+    monkeypatch.setenv("GPUPACE_MODE", "observe")
+    monkeypatch.setenv("GPUPACE_ON_STEPS", "7")
+    cfg = PaceConfig(mode="pace")
+    assert cfg.max_delay_us == 1234.5
+    assert cfg.on_steps == 7
+    assert cfg.mode == "pace"
+
+
+def test_env_is_read_in_the_constructor_not_at_import(monkeypatch):
+    assert PaceConfig().gain == DEFAULTS["gain"]
+    monkeypatch.setenv("GPUPACE_GAIN", "0.5")
+    assert PaceConfig().gain == 0.5
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"mode": "fast"}, r"mode must be one of .* got 'fast'"),
+        ({"max_delay_us": -1.0}, r"max_delay_us must be .* got -1.0"),
+        ({"gain": 1.5}, r"gain must be .*\[0.0, 1.0\], got 1.5"),
+        ({"cap_fraction": 0.0}, r"cap_fraction must be .*\(0.0, 1.0\], got 0.0"),
+        ({"threshold_us": float("nan")}, r"threshold_us must be a finite number"),
+        ({"release_us": 500.0, "threshold_us": 100.0}, r"release_us must be <= threshold_us"),
+        ({"on_steps": 0}, r"on_steps must be an integer >= 1, got 0"),
+        ({"warmup_steps": 2.5}, r"warmup_steps must be an integer >= 0, got 2.5"),
+        ({"telemetry_interval": True}, r"telemetry_interval must be an integer"),
+        ({"max_sites": 0}, r"max_sites must be an integer >= 1"),
+    ],
+)
+def test_bad_values_name_the_field_and_value(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        PaceConfig(**kwargs)
+
+
+def test_bad_env_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv("GPUPACE_OFF_STEPS", "many")
+    with pytest.raises(ValueError, match="GPUPACE_OFF_STEPS must be an integer, got 'many'"):
+        PaceConfig()
+    monkeypatch.setenv("GPUPACE_OFF_STEPS", "-3")
+    with pytest.raises(ValueError, match="off_steps must be an integer >= 1, got -3"):
+        PaceConfig()
+
+
+def test_replace_keeps_resolved_values_and_rejects_unknown_fields():
+    cfg = PaceConfig(gain=0.3).replace(mode="observe")
+    assert (cfg.gain, cfg.mode) == (0.3, "observe")
+    with pytest.raises(ValueError, match="unknown PaceConfig fields \\['gian'\\]"):
+        cfg.replace(gian=0.5)
+    with pytest.raises(TypeError):
+        PaceConfig(gian=0.5)
