@@ -43,10 +43,19 @@ def rank_compute_factor(sc: Scenario, rng: np.random.Generator) -> np.ndarray:
 
 def locality_offsets_us(sc: Scenario) -> np.ndarray:
     """Fixed extra compute per step of every rank, from `locality_pattern_us`."""
-    pat = np.asarray(sc.locality_pattern_us, dtype=np.float64)
+    return _tile(sc.locality_pattern_us, sc.ranks)
+
+
+def input_offsets_us(sc: Scenario) -> np.ndarray:
+    """Fixed extra forward time of every rank, from `input_pattern_us`."""
+    return _tile(sc.input_pattern_us, sc.ranks)
+
+
+def _tile(pattern: tuple[float, ...], n: int) -> np.ndarray:
+    pat = np.asarray(pattern, dtype=np.float64)
     if pat.size == 0:
-        return np.zeros(sc.ranks)
-    return pat[np.arange(sc.ranks) % pat.size]
+        return np.zeros(n)
+    return pat[np.arange(n) % pat.size]
 
 
 class Draws:
@@ -58,6 +67,7 @@ class Draws:
         self.rng = np.random.default_rng(seed)
         self.n, self.nb = sc.ranks, sc.buckets
         self.speed = rank_compute_factor(sc, self.rng)
+        self.input = input_offsets_us(sc)
         self.intra, self.inter = fabric.base_transfer_us(sc)
         self.n_sw = fabric.n_switches(sc)
         self.z = self.rng.standard_normal(self.n_sw)  # stationary start
@@ -82,6 +92,7 @@ class Draws:
             on_fwd = where == 0
             np.add.at(fwd, (ts[on_fwd], rs[on_fwd]), size[on_fwd])
             np.add.at(work, (ts[~on_fwd], rs[~on_fwd], where[~on_fwd] - 1), size[~on_fwd])
+        fwd += self.input[None, :]
         opt = np.full((c, n), sc.optimizer_us)
         if self.n_sw and sc.contention_mean > 0 and sc.contention_sigma > 0:
             z = engine.ar1(self.z, rng.standard_normal((c, self.n_sw)), sc.contention_rho)

@@ -18,6 +18,14 @@ from .scenario import Scenario
 FAR_LOCAL_RANKS = (6, 7)
 
 
+def _workload() -> dict:
+    """The job every preset runs, the paper's: a 250 M-parameter fp32 model (1 GB of
+    gradients, assumption) in 100 MB buckets (a common raise of DDP's 25 MB default,
+    assumption), 30 ms forward + 60 ms backward per step (assumption)."""
+    return dict(forward_us=30_000.0, grad_mb=1000.0, bucket_mb=100.0,
+                samples_per_rank=PAPER_SAMPLES)
+
+
 def _pattern(gpus_per_node: int, handicap_us: float) -> tuple[float, ...]:
     far = [r for r in FAR_LOCAL_RANKS if r < gpus_per_node] or [gpus_per_node - 1]
     return tuple(handicap_us if r in far else 0.0 for r in range(gpus_per_node))
@@ -25,7 +33,7 @@ def _pattern(gpus_per_node: int, handicap_us: float) -> tuple[float, ...]:
 
 def quiet(nodes: int, gpus_per_node: int = 8) -> Scenario:
     """No noise, no offsets, no contention, no coupling: every step identical."""
-    return Scenario(name="quiet", nodes=nodes, gpus_per_node=gpus_per_node)
+    return Scenario(name="quiet", nodes=nodes, gpus_per_node=gpus_per_node, **_workload())
 
 
 def jitter(nodes: int, gpus_per_node: int = 8, regimes: bool = True) -> Scenario:
@@ -34,16 +42,16 @@ def jitter(nodes: int, gpus_per_node: int = 8, regimes: bool = True) -> Scenario
     communication-bound regime (3x transfer) about once per 50 steps for about 10 steps.
     No coupling, so pacing has nothing to gain. All figures: assumptions."""
     return Scenario(
-        name="jitter", nodes=nodes, gpus_per_node=gpus_per_node,
+        name="jitter", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
         noise_sigma=0.01, spike_prob=0.01, spike_us=2_000.0, spike_alpha=1.5,
         regime_on_prob=0.02 if regimes else 0.0, regime_off_prob=0.1, regime_comm_factor=3.0,
     )
 
 
-def locality(nodes: int, gpus_per_node: int = 8, handicap_us: float = 8_000.0) -> Scenario:
-    """Locality only: local ranks 6 and 7 of every node carry a fixed extra 8 ms per step
-    (2.6% of compute; assumption), nothing random. `SimResult.slow_ranks` names them."""
-    return Scenario(name="locality", nodes=nodes, gpus_per_node=gpus_per_node,
+def locality(nodes: int, gpus_per_node: int = 8, handicap_us: float = 3_000.0) -> Scenario:
+    """Locality only: local ranks 6 and 7 of every node carry a fixed extra 3 ms per step
+    (3.3% of compute; assumption), nothing random. `SimResult.slow_ranks` names them."""
+    return Scenario(name="locality", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
                     locality_pattern_us=_pattern(gpus_per_node, handicap_us))
 
 
@@ -52,7 +60,7 @@ def fabric(nodes: int, gpus_per_node: int = 8) -> Scenario:
     average, log-normal sigma 0.8, correlated 0.95 step to step. Arrivals stay calm: every
     rank computes identically, only transfers vary. All figures: assumptions."""
     return Scenario(
-        name="fabric", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8,
+        name="fabric", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
         oversubscription=2.0, contention_mean=0.5, contention_sigma=0.8, contention_rho=0.95,
     )
 
@@ -64,7 +72,7 @@ def amplification(nodes: int, gpus_per_node: int = 8, coupling: float = 0.2) -> 
     the overlapping backward 20% of its throughput (assumption, ~24 channels' CTAs on 132
     SMs; replace with the device check's figure, no GPU measurement exists yet)."""
     return Scenario(
-        name="amplification", nodes=nodes, gpus_per_node=gpus_per_node,
+        name="amplification", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
         noise_sigma=0.02, spike_prob=0.02, spike_us=2_000.0, spike_alpha=1.5,
         coupling=coupling,
     )
@@ -74,10 +82,10 @@ def mixed(nodes: int, gpus_per_node: int = 8) -> Scenario:
     """All four failure modes at the moderate levels of the single-mode presets, not
     calibrated: a what-if playground."""
     return Scenario(
-        name="mixed", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8,
+        name="mixed", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
         noise_sigma=0.02, spike_prob=0.01, spike_us=2_000.0, spike_alpha=1.5,
         regime_on_prob=0.02, regime_off_prob=0.1, regime_comm_factor=2.0,
-        locality_pattern_us=_pattern(gpus_per_node, 8_000.0),
+        locality_pattern_us=_pattern(gpus_per_node, 3_000.0),
         oversubscription=2.0, contention_mean=0.5, contention_sigma=0.8, contention_rho=0.95,
         coupling=0.2,
     )
@@ -99,10 +107,7 @@ def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Sce
     The paced result is then a prediction of this model, not a fit."""
     k = PAPER_SCALE if scale is None else scale
     return Scenario(
-        name="paper", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8,
-        # A 250 M-parameter fp32 model (1 GB of gradients, assumption) in 100 MB buckets
-        # (a common raise of DDP's 25 MB default, assumption), 90 ms of compute per step.
-        samples_per_rank=PAPER_SAMPLES, forward_us=30_000.0, grad_mb=1000.0, bucket_mb=100.0,
+        name="paper", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
         noise_sigma=0.02, spike_prob=0.01, spike_us=2_000.0, spike_alpha=2.5,
         regime_on_prob=0.03, regime_off_prob=0.1, regime_comm_factor=1.0 + 2.0 * k,
         locality_pattern_us=_pattern(gpus_per_node, 8_000.0),

@@ -74,6 +74,10 @@ class Scenario:
     locality_pattern_us: tuple[float, ...] = ()
     """Fixed extra compute per step (us) of rank i is `pattern[i % len(pattern)]`: GPUs with a
     far NIC or a NUMA hop keep a handicap. Empty: none. Presets build it per node."""
+    input_pattern_us: tuple[float, ...] = ()
+    """Fixed extra forward time (us) of rank i is `pattern[i % len(pattern)]`: an input
+    pipeline on a slow NUMA node or disk makes a rank late from the first bucket on, while a
+    `locality_pattern_us` handicap grows through the backward. Empty: none."""
     rank_speed_sigma: float = 0.0
     """Log-normal sigma of a fixed per-rank speed factor (chip-to-chip variation; Sinha et al.,
     SC'22, report several percent across GPUs of one cluster)."""
@@ -110,13 +114,14 @@ class Scenario:
             _check(name, getattr(self, name), lo, hi, kind)
         if not isinstance(self.name, str):
             raise ValueError(f"name must be a string, got {self.name!r}")
-        pat = self.locality_pattern_us
-        if not isinstance(pat, tuple):
-            object.__setattr__(self, "locality_pattern_us", tuple(float(v) for v in pat))
-        for v in self.locality_pattern_us:
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 1e8):
-                raise ValueError(
-                    f"locality_pattern_us entries must be finite numbers in [0, 1e8], got {v!r}")
+        for name in ("locality_pattern_us", "input_pattern_us"):
+            pat = getattr(self, name)
+            if not isinstance(pat, tuple):
+                object.__setattr__(self, name, tuple(pat))
+            for v in getattr(self, name):
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+                if not (ok and math.isfinite(v) and 0 <= v <= 1e8):
+                    raise ValueError(f"{name} entries must be finite numbers in [0, 1e8], got {v!r}")
         if self.ranks > MAX_RANKS:
             raise ValueError(f"nodes x gpus_per_node must be <= {MAX_RANKS}, got {self.ranks}")
         if self.buckets > MAX_BUCKETS:
@@ -146,6 +151,7 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["locality_pattern_us"] = list(self.locality_pattern_us)
+        d["input_pattern_us"] = list(self.input_pattern_us)
         return d
 
     def failure_modes(self) -> list[str]:
@@ -154,7 +160,8 @@ class Scenario:
         if self.noise_sigma > 0 or self.spike_prob > 0 or (
                 self.regime_on_prob > 0 and self.regime_comm_factor != 1.0):
             modes.append("jitter")
-        if any(v > 0 for v in self.locality_pattern_us) or self.rank_speed_sigma > 0:
+        if (any(v > 0 for v in self.locality_pattern_us + self.input_pattern_us)
+                or self.rank_speed_sigma > 0):
             modes.append("locality")
         if self.contention_mean > 0 or (self.oversubscription > 1 and self.leaves > 1):
             modes.append("fabric")

@@ -24,7 +24,7 @@ import numpy as np
 from .. import policy as pol
 from ..config import PaceConfig
 from . import engine
-from .draws import Draws, locality_offsets_us
+from .draws import Draws, input_offsets_us, locality_offsets_us
 from .scenario import Scenario
 
 POLICIES = ("none", "gpupace", "oracle")
@@ -49,7 +49,7 @@ class SimResult:
     delay_us: np.ndarray  # [steps, ranks] float32, applied, summed over sites
     regime: np.ndarray  # [steps] int8, 1 = communication-bound regime
     contention: np.ndarray  # [steps] inter-node transfer slowdown from switch load
-    slow_ranks: list[int]  # ranks with a fixed locality handicap, slowest first
+    slow_ranks: list[int]  # ranks with a fixed handicap (locality, input), slowest first
     site_wait_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
     site_delay_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
     elapsed_s: float = 0.0  # wall time of the run, compile excluded
@@ -181,7 +181,7 @@ def simulate(
             progress(k, steps)
             last_report = now
 
-    offsets = locality_offsets_us(sc)
+    offsets = locality_offsets_us(sc) + input_offsets_us(sc)
     slow = [int(r) for r in np.argsort(-offsets, kind="stable") if offsets[r] > 0]
     return SimResult(
         scenario=sc, policy=policy, config=cfg, seed=seed, step_us=out_step,

@@ -1,0 +1,158 @@
+"""Simulator: the properties issue 5 asks for, at sizes that run in seconds on 2 cores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpupace.config import PaceConfig
+from gpupace.sim import Scenario, engine, presets, simulate
+from gpupace.sim.scenario import MAX_BUCKETS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def gain_pct(a, b) -> float:
+    return 100.0 * (a.summary()["throughput"] / b.summary()["throughput"] - 1.0)
+
+
+def test_quiet_has_zero_cv_and_pacing_never_switches_on():
+    sc = presets.quiet(2)
+    none = simulate(sc, "none", steps=200)
+    paced = simulate(sc, "gpupace", steps=200)
+    for res in (none, paced):
+        assert res.summary()["step_time_cv"] < 1e-9
+        assert not res.active.any()
+        assert np.all(res.delay_us == 0)
+        assert np.all(res.spread_us < 1e-6)
+    np.testing.assert_array_equal(none.step_us, paced.step_us)
+
+
+@pytest.mark.parametrize("name", ["jitter", "locality", "fabric", "paper"])
+def test_no_coupling_gpupace_loses_at_most_half_a_percent(name):
+    # pure bulk-synchronous timing: no coupling, and the pacing spin free as well
+    sc = presets.get_preset(name, 2).replace(coupling=0.0, paced_coupling=0.0)
+    none = simulate(sc, "none", steps=600, seed=3)
+    paced = simulate(sc, "gpupace", steps=600, seed=3)
+    assert gain_pct(paced, none) >= -0.5
+
+
+@pytest.mark.parametrize("gain,guard", [(1.0, 0.0), (0.9, 20.0)])
+def test_persistent_straggler_delays_converge_to_earliness(gain, guard):
+    sc = Scenario(nodes=1, gpus_per_node=6, locality_pattern_us=(0, 0, 0, 0, 0, 9_000.0))
+    cfg = PaceConfig(mode="pace", gain=gain, guard_us=guard)
+    res = simulate(sc, "gpupace", config=cfg, steps=400, keep_sites=True)
+    w, d = res.site_wait_us[-1], res.site_delay_us[-1]
+    early = (w + d) - (w + d).min(axis=0)  # the clock-free earliness, per rank and site
+    assert res.active[-1].all()
+    assert np.all(d[5] == 0)  # the straggler waits for nobody
+    want = np.clip(gain * early[:5] - guard, 0, None)
+    np.testing.assert_allclose(d[:5], want, rtol=0.01)
+    assert early[:5].min() > 1000.0  # fast ranks really are early
+
+
+@pytest.mark.parametrize("name", ["amplification", "mixed", "paper"])
+def test_coupled_presets_oracle_bounds_gpupace_and_gains(name):
+    sc = presets.get_preset(name, 2)
+    res = {p: simulate(sc, p, steps=800, seed=1) for p in ("none", "gpupace", "oracle")}
+    thr = {p: r.summary()["throughput"] for p, r in res.items()}
+    assert thr["oracle"] >= thr["gpupace"], thr
+    assert thr["oracle"] > thr["none"] * 1.001, thr  # the coupling is there to be removed
+
+
+def phased_stragglers(noise_sigma: float = 0.0) -> Scenario:
+    """The amplification the design describes: rank 0 is late from the forward on (input
+    pipeline), rank 1 carries a backward handicap, so rank 1 waits for rank 0 on the first
+    buckets (slowed by the coupling) and is the last one at the end of the step."""
+    return presets.quiet(1).replace(
+        name="phased", input_pattern_us=(3000.0,) + (0.0,) * 7,
+        locality_pattern_us=(0.0, 4000.0) + (0.0,) * 6, coupling=0.2, noise_sigma=noise_sigma)
+
+
+def test_coupled_persistent_stragglers_oracle_ge_gpupace_ge_none():
+    sc = phased_stragglers()
+    res = {p: simulate(sc, p, steps=600, seed=1) for p in ("none", "gpupace", "oracle")}
+    thr = {p: r.summary()["throughput"] for p, r in res.items()}
+    assert thr["oracle"] >= thr["gpupace"] > thr["none"], thr
+    assert gain_pct(res["gpupace"], res["none"]) > 0.5 * gain_pct(res["oracle"], res["none"])
+
+
+@pytest.mark.xfail(strict=True, reason="the real policy overshoots on coupled presets with "
+                   "random noise: delays past the last arrival in ~60% of steps cost more than "
+                   "the coupling it removes (issue 5 report); remove this mark once it gains")
+def test_coupled_noisy_preset_gpupace_ge_none():
+    sc = presets.mixed(2)
+    none = simulate(sc, "none", steps=800, seed=1)
+    paced = simulate(sc, "gpupace", steps=800, seed=1)
+    assert gain_pct(paced, none) >= 0.0
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    sc = presets.mixed(1)
+    a = simulate(sc, "gpupace", steps=150, seed=7)
+    b = simulate(sc, "gpupace", steps=150, seed=7)
+    c = simulate(sc, "gpupace", steps=150, seed=8)
+    np.testing.assert_array_equal(a.step_us, b.step_us)
+    np.testing.assert_array_equal(a.delay_us, b.delay_us)
+    assert not np.array_equal(a.step_us[1:], c.step_us[1:])
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: Scenario(nodes=0), ["nodes", "0", "[1, 4096]"]),
+    (lambda: Scenario(coupling=1.5), ["coupling", "1.5"]),
+    (lambda: Scenario(noise_sigma=float("nan")), ["noise_sigma", "nan"]),
+    (lambda: Scenario(grad_mb=1000, bucket_mb=1), ["buckets", str(MAX_BUCKETS)]),
+    (lambda: Scenario(locality_pattern_us=(0, -5)), ["locality_pattern_us", "-5"]),
+    (lambda: Scenario().replace(colour=1), ["unknown", "colour"]),
+    (lambda: simulate(presets.quiet(1), "magic"), ["policy", "magic"]),
+    (lambda: simulate(presets.quiet(1), steps=1), ["steps", "1"]),
+    (lambda: simulate(presets.quiet(1), seed=-1), ["seed", "-1"]),
+    (lambda: presets.get_preset("nope", 4), ["preset", "nope", "paper"]),
+])
+def test_bad_parameters_raise_a_clear_error(make, words):
+    with pytest.raises(ValueError) as e:
+        make()
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_single_mode_presets_label_one_mode_each():
+    assert presets.quiet(4).failure_modes() == []
+    for name in ("jitter", "locality", "fabric", "amplification"):
+        modes = presets.get_preset(name, 32).failure_modes()
+        assert modes == [name] if name != "amplification" else "amplification" in modes, modes
+    assert set(presets.paper(32).failure_modes()) == {"jitter", "locality", "fabric",
+                                                       "amplification"}
+
+
+def test_locality_names_slow_ranks_and_fabric_keeps_arrivals_calm():
+    loc = simulate(presets.locality(2), "none", steps=50)
+    assert loc.slow_ranks == [6, 7, 14, 15]
+    assert set(np.argmin(loc.earliness_us[1:], axis=1)) <= {6, 7, 14, 15}
+    fab = simulate(presets.fabric(32), "none", steps=300)
+    assert np.all(fab.spread_us < 1e-6)  # every rank arrives together
+    assert fab.summary()["step_time_cv"] > 0.01  # yet the step time varies
+
+
+def test_amplification_costs_more_per_rank_at_larger_world_size():
+    small = simulate(presets.amplification(1), "none", steps=300).summary()
+    big = simulate(presets.amplification(16), "none", steps=300).summary()
+    assert big["throughput"] / 16 < small["throughput"] * 0.99
+
+
+def test_spin_coupling_slows_the_early_rank_by_coupling_times_its_wait():
+    # two ranks, two buckets, no noise: rank 0 is 1000 us early at bucket 0 and waits inside
+    # the collective (coupling 0.2), so its bucket-1 compute loses 0.2 x 1000 us of progress
+    n, nb, kc = 2, 2, 0.2
+    start, fwd = np.zeros(n), np.array([0.0, 1000.0])
+    work = np.full((n, nb), 5000.0)
+    xfer = np.array([100.0, 100.0])
+    ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
+    s, x = np.zeros(nb), np.zeros(nb)
+    engine.run_step(start, fwd, work, xfer, np.zeros((n, nb)), 0.0, kc, ready, a, e, s, x, w, d)
+    assert x[0] == 6100.0  # last arrival 6000 + transfer
+    # rank 0: bucket 1 from 5000; 1100 us in the collective at 0.8 speed, then full speed
+    assert ready[0, 1] == pytest.approx(5000 + 1100 + (5000 - 1100 * 0.8))
+    # rank 1: from 6000; 100 us at 0.8, then full speed
+    assert ready[1, 1] == pytest.approx(6000 + 100 + (5000 - 100 * 0.8))
+    np.testing.assert_allclose(w[:, 0], [1100.0, 100.0])
