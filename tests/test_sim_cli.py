@@ -1,0 +1,94 @@
+"""Simulator I/O: the `gpupace simulate` CLI, simulated telemetry, and calibration from it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpupace.cli import main
+from gpupace.sim import fit_telemetry, presets, simulate, write_telemetry
+from gpupace.telemetry import read_telemetry, summarize
+
+pytestmark = pytest.mark.timeout(120)
+
+ROW_KEYS = {"nodes", "ranks", "policy", "throughput", "step_time_cv", "step_time_p99",
+            "gain_pct", "oracle_fraction"}
+
+
+def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
+    js, png = tmp_path / "t.json", tmp_path / "t.png"
+    tel = tmp_path / "sim-{nodes}-{policy}.jsonl"
+    rc = main(["simulate", "--preset", "amplification", "--nodes", "1,2", "--steps", "120",
+               "--seed", "3", "--json", str(js), "--plot", str(png), "--telemetry", str(tel)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "gain %" in out and "oracle" in out
+    doc = json.loads(js.read_text())
+    assert set(doc) == {"preset", "rows"} and doc["preset"] == "amplification"
+    assert len(doc["rows"]) == 6
+    for r in doc["rows"]:
+        assert set(r) == ROW_KEYS
+    by = {(r["nodes"], r["policy"]): r for r in doc["rows"]}
+    assert by[(2, "none")]["ranks"] == 16 and by[(2, "none")]["gain_pct"] == 0.0
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    t = read_telemetry(tmp_path / "sim-2-oracle.jsonl")
+    assert t.header["source"] == "sim" and t.header["world_size"] == 16
+    assert len(t.records) == 120 and not t.skipped
+
+
+def test_cli_bad_parameter_is_one_clear_line(tmp_path, capsys):
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "4,x", "--json", str(tmp_path / "j")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--nodes" in err[0] and "[1, 4096]" in err[0]
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "2", "--steps", "1"])
+    assert rc == 2 and "steps" in capsys.readouterr().err
+
+
+def test_telemetry_round_trip_matches_the_result(tmp_path):
+    res = simulate(presets.locality(1), "gpupace", steps=300, seed=2)
+    path = write_telemetry(res, tmp_path / "loc.jsonl")
+    t = read_telemetry(path)
+    assert t.header["sim"]["failure_modes"] == ["locality"]
+    assert t.header["sim"]["slow_ranks"] == [6, 7]
+    assert t.header["sim"]["policy"] == "gpupace" and t.header["label"] == "locality"
+    assert len(t.header["sites"]) == res.scenario.buckets
+    recs = t.records
+    assert len(recs) == 300 and all(len(r.earliness_us) == 8 for r in recs)
+    s = summarize(recs)
+    assert s["step_time_mean"] == pytest.approx(res.summary(skip=0)["step_time_mean"])
+    assert s["straggler_histogram"][6] + s["straggler_histogram"][7] == 300
+    assert [r.active for r in recs] == list(res.active.any(axis=1))
+    np.testing.assert_allclose([sum(r.delay_us) for r in recs], res.delay_us.sum(axis=1),
+                               rtol=1e-5)
+
+
+def test_writing_telemetry_needs_site_arrays(tmp_path):
+    res = simulate(presets.quiet(1), "none", steps=10, keep_sites=False)
+    with pytest.raises(ValueError, match="keep_sites"):
+        write_telemetry(res, tmp_path / "x.jsonl")
+
+
+def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
+    res = simulate(presets.locality(1), "none", steps=200, seed=0)
+    path = write_telemetry(res, tmp_path / "loc.jsonl")
+    fit = fit_telemetry(path)
+    assert fit.world_size == 8 and fit.sites == res.scenario.buckets
+    np.testing.assert_allclose(fit.offsets_us, [0] * 6 + [3000.0] * 2, atol=30.0)
+    assert fit.noise_sigma < 1e-3 and fit.spike_prob == 0.0
+    assert fit.compute_us == pytest.approx(93_000.0, rel=0.05)
+    js = tmp_path / "fit.json"
+    rc = main(["simulate", "--from-telemetry", str(path), "--nodes", "1,4", "--steps", "100",
+               "--json", str(js)])
+    assert rc == 0
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["ranks"] for r in rows] == [8, 8, 8, 32, 32, 32]
+
+
+def test_fit_reads_jitter_as_noise(tmp_path):
+    res = simulate(presets.jitter(1, regimes=False), "none", steps=400, seed=0)
+    fit = fit_telemetry(write_telemetry(res, tmp_path / "j.jsonl"))
+    assert 0.003 < fit.noise_sigma < 0.03  # the preset's 0.01, seen through one site
+    assert max(fit.offsets_us) < 300.0  # no fixed offsets
