@@ -14,7 +14,7 @@ import numpy as np
 from .harness import Harness, interleave
 
 WORLDS = [2, 64, 1024, 4096]
-QUICK_WORLDS = [2, 1024]
+QUICK_WORLDS = [2, 256]
 N_SITES = 4
 
 

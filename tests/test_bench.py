@@ -107,3 +107,26 @@ def test_gpu_suite_skips_cleanly_without_cuda(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "SKIP" in proc.stderr and "CUDA" in proc.stderr
     assert list(tmp_path.iterdir()) == []  # no GPU figure is ever written without a GPU
+
+
+def test_gpu_benchmarks_import_and_each_skip_with_a_reason(tmp_path):
+    from bench.__main__ import gpu_benchmarks
+
+    benches = gpu_benchmarks()
+    assert {"stamp", "spin", "update", "site", "nccl", "vcluster"} <= set(benches)
+    if gpu_missing() is not None:
+        h = Harness("gpu", out_dir=tmp_path, machine=Machine.probe())
+        for fn in benches.values():
+            fn(h)
+        assert not h.rows and not h.plots and not h.checks  # nothing measured, nothing made up
+        assert [s["bench"] for s in h.skips] == list(benches)
+        assert all(s["reason"] for s in h.skips)
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_names_what_is_missing():
+    from bench.gpu_common import missing
+
+    assert missing("numpy", "gpupace.pacer:Pacer.all_reduce") is None
+    assert "no_such_module_xyz" in missing("no_such_module_xyz")
+    assert "Pacer.no_such_api" in missing("gpupace.pacer:Pacer.no_such_api")

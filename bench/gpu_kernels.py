@@ -1,0 +1,264 @@
+"""GPU benchmarks of the kernels alone (`gpupace.kernels`): the stamp and the two fused site
+kernels, the spin-wait's precision (requested against applied, 0 to 1000 us), and the per-step
+update kernel with the CuPy reduction at world sizes 2 to 4096.
+
+Kernel buffers are made the way the device engine makes them (`gpupace.backends.device`); the
+launchers are called directly, so these rows are the kernels' own cost, without the engine's
+Python bookkeeping (`gpu_collective` measures the whole paced collective).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from . import gpu_common as gc
+from .harness import Harness
+
+SPIN_REQUESTS_US = [0.0, 1.0, 10.0, 100.0, 1000.0]
+UPDATE_WORLDS = [2, 8, 64, 512, 4096]
+UPDATE_SITES = 4
+MAX_SITES = 64  # PaceConfig's default max_sites: the row layout the engine uses
+
+
+def _kw(fn: Any, **kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments `fn` accepts (launcher signatures gained options while this suite
+    was written; pass only those that exist)."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def _three_ways(
+    h: Harness, bench: str, case: dict, fn, *, inner: int, reps: int, stream: Any
+) -> dict[str, float]:
+    """Records host, eager (device) and graph times per call of `fn`; returns their p50s."""
+    host = gc.host_time(fn, inner=inner, warmup=5, repeats=reps)
+    eager = gc.device_time(fn, inner=inner, warmup=5, repeats=reps, host_us=float(np.median(host)))
+    g = gc.capture(fn, inner=inner, stream=stream)
+    graph = gc.graph_time(g, inner=inner, warmup=3, repeats=reps)
+    out = {}
+    for mode, s in (("host", host), ("eager", eager), ("graph", graph)):
+        out[mode] = h.record(bench, {**case, "mode": mode}, s)["p50"]
+    return out
+
+
+def bench_stamp(h: Harness) -> None:
+    why = gc.missing(
+        "cuda",
+        "triton",
+        "gpupace.kernels.stamp:stamp",
+        "gpupace.kernels.stamp:exit_stamp",
+        "gpupace.kernels.spin:enter",
+    )
+    if why:
+        h.skip("stamp", why)
+        return
+    import torch
+    from gpupace.kernels import spin, stamp
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    m = MAX_SITES
+    row = torch.zeros(2 + 2 * m, dtype=torch.float32, device=dev)
+    stamps = torch.zeros(m, 3, dtype=torch.int64, device=dev)
+    clk = torch.zeros(2, dtype=torch.int64, device=dev)
+    out = torch.zeros(64, dtype=torch.int64, device=dev)
+    delay = torch.zeros(m, dtype=torch.float32, device=dev)  # zero delay: the fused kernel's floor
+    enter_kw = _kw(spin.enter, delay_offset=0, cap_us=50_000.0)
+    kernels = {
+        "stamp": lambda: stamp.stamp(out, 0, clk),
+        "enter (arrive+spin(0)+enter)": lambda: spin.enter(delay, row, stamps, clk, 0, **enter_kw),
+        "exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, 0),
+    }
+    inner, reps = (20, 20) if h.quick else (50, 100)
+    summary = {}
+    with gc.side_stream() as s:
+        for name, fn in kernels.items():
+            fn()  # compile on this stream before any capture
+            summary[name] = _three_ways(
+                h, "stamp_kernels", {"kernel": name}, fn, inner=inner, reps=reps, stream=s
+            )
+    h.extras["stamp_kernels_p50_us"] = summary
+    try:
+        from gpupace.kernels.clock import measure_tick
+
+        h.extras["timer_tick_ns"] = measure_tick(dev)
+        h.progress(f"%globaltimer tick: {h.extras['timer_tick_ns']} ns")
+    except Exception as e:  # noqa: BLE001 - the tick is context, not this benchmark's job
+        h.progress(f"timer tick not measured: {type(e).__name__}: {e}")
+
+
+def bench_spin(h: Harness) -> None:
+    why = gc.missing("cuda", "triton", "gpupace.kernels.spin:spin")
+    if why:
+        h.skip("spin", why)
+        return
+    import torch
+    from gpupace.kernels import spin
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    reps = 20 if h.quick else 200
+    cap = 2 * max(SPIN_REQUESTS_US)
+    delay = torch.zeros(4, dtype=torch.float32, device=dev)
+    # One 16-byte row per repeat: every launch sees the same pointer alignment (no recompiles).
+    applied = torch.zeros(reps, 4, dtype=torch.float32, device=dev)
+    reads = torch.zeros(reps, 4, dtype=torch.int32, device=dev)
+    clk = torch.zeros(2, dtype=torch.int64, device=dev)
+    kw = _kw(spin.spin, cap_us=cap)
+    table: dict[float, dict[str, np.ndarray]] = {}
+    with gc.side_stream():
+        spin.spin(delay, applied[0], reads[0], clk, **kw)
+        for req in SPIN_REQUESTS_US:
+            delay.fill_(req)
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+            for i in range(reps):
+                torch.cuda._sleep(100 * gc.CYCLES_PER_US)  # the queue is busy: events time the GPU
+                starts[i].record()
+                spin.spin(delay, applied[i], reads[i], clk, **kw)
+                ends[i].record()
+            torch.cuda.synchronize()
+            wall = np.array([a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)])
+            got = applied[:, 0].double().cpu().numpy()
+            table[req] = {"applied": got, "wall": wall}
+            case = {"requested_us": req}
+            h.record("spin", {**case, "what": "applied (device clock)"}, got)
+            h.record("spin", {**case, "what": "kernel time (events)"}, wall)
+            h.record("spin", {**case, "what": "error applied-requested"}, got - req)
+    tick_us = float(h.extras.get("timer_tick_ns", float("nan"))) * 1e-3
+    worst = max(
+        float(np.percentile(np.abs(t["applied"] - r), 99)) for r, t in table.items() if r > 0
+    )
+    limit = (tick_us if np.isfinite(tick_us) else 1.0) + 1.0
+    h.check(
+        "spin-wait error p99, 1 to 1000 us (worst request)",
+        worst,
+        limit,
+        "us",
+        detail="limit: one timer tick + 1 us"
+        + ("" if np.isfinite(tick_us) else " (tick unknown: taken as 1 us)"),
+    )
+    h.extras["spin"] = {
+        str(r): {k: float(np.median(v)) for k, v in t.items()} for r, t in table.items()
+    }
+    h.plot("spin_requested_vs_applied", lambda fig: _draw_spin(fig, table))
+
+
+def _draw_spin(fig, table: dict[float, dict[str, np.ndarray]]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    req = np.array([r for r in table if r > 0])
+    for key, marker, label in (
+        ("applied", "o", "applied (device clock)"),
+        ("wall", "s", "kernel time (CUDA events)"),
+    ):
+        med = np.array([np.median(table[r][key]) for r in req])
+        lo = np.array([np.percentile(table[r][key], 1) for r in req])
+        hi = np.array([np.percentile(table[r][key], 99) for r in req])
+        ax.errorbar(req, med, yerr=[med - lo, hi - med], marker=marker, capsize=3, label=label)
+    ax.plot(req, req, color="0.4", lw=0.8, ls="--", label="requested = applied")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("requested delay (us)")
+    ax.set_ylabel("us (median, bars p1-p99)")
+    z = table[0.0]
+    ax.set_title(
+        f"Spin-wait: requested against applied; at 0 us the kernel takes "
+        f"{np.median(z['wall']):.2f} us (p50)"
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+
+
+def _gathered(n: int, s: int, m: int, seed: int = 0):
+    """A plausible gathered timing matrix [n, 2 + 2m] (float32) with `s` sites filled."""
+    rng = np.random.default_rng(seed)
+    g = np.full((n, 2 + 2 * m), np.nan, dtype=np.float32)
+    g[:, 0] = s
+    g[:, 1] = rng.normal(20_000.0, 500.0, n)
+    g[:, 2 : 2 + s] = 300.0 + rng.exponential(400.0, (n, s))
+    g[:, 2 + m : 2 + 2 * m] = 0.0
+    return g
+
+
+def bench_update(h: Harness) -> None:
+    why = gc.missing(
+        "cuda",
+        "triton",
+        "cupy",
+        "gpupace.kernels.update:update",
+        "gpupace.kernels.reduce:reduce_rows",
+        "gpupace.backends.device:DeviceEngine",
+    )
+    if why:
+        h.skip("update", why)
+        return
+    import cupy
+    import torch
+    from gpupace.kernels import reduce, update
+
+    from gpupace import PaceConfig
+    from gpupace.backends.device import DeviceEngine
+
+    worlds = [2, 64, 4096] if h.quick else UPDATE_WORLDS
+    inner, reps = (10, 20) if h.quick else (20, 100)
+    summary: dict[str, dict[str, float]] = {}
+    with gc.side_stream() as s:
+        stream_ptr = torch.cuda.current_stream().cuda_stream
+        for n in worlds:
+            # The engine allocates every buffer as the paced loop would; no process group is
+            # needed to make them (world size n, this process plays rank 0).
+            eng = DeviceEngine(PaceConfig(mode="pace"), None, 0, n)
+            eng.gathered.copy_(torch.from_numpy(_gathered(n, UPDATE_SITES, eng.max_sites)))
+            views = {
+                k: cupy.from_dlpack(v) for k, v in {"gathered": eng.gathered, **eng.red}.items()
+            }
+            dev_index = eng.device.index or 0
+            reduce.warmup(stream_ptr, dev_index)
+
+            def red(v=views, d=dev_index) -> None:
+                reduce.reduce_rows(
+                    v["gathered"],
+                    v["valid"],
+                    v["n_valid"],
+                    v["site"],
+                    v["straggler"],
+                    n_sites=UPDATE_SITES,
+                    stream_ptr=stream_ptr,
+                    device=d,
+                )
+
+            def upd(e=eng) -> None:
+                update.update(
+                    e.gathered,
+                    e.row,
+                    e.red,
+                    e.state,
+                    e.ring,
+                    e.ring_step,
+                    e.params,
+                    n_sites=UPDATE_SITES,
+                    rank=0,
+                )
+
+            def both() -> None:
+                red()
+                upd()
+
+            for name, fn in (
+                ("cupy reduction", red),
+                ("update kernel", upd),
+                ("reduction + update", both),
+            ):
+                fn()
+                p50 = _three_ways(
+                    h,
+                    "step_kernels",
+                    {"world": n, "sites": UPDATE_SITES, "kernel": name},
+                    fn,
+                    inner=inner,
+                    reps=reps,
+                    stream=s,
+                )
+                summary[f"{n} {name}"] = p50
+    h.extras["step_kernels_p50_us"] = summary
