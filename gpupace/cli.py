@@ -19,7 +19,9 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="gpupace", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="gpupace", description="Measure, explain and damp synchronisation jitter in "
+        "data-parallel training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False)
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = cmd.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, no traceback
+    except (ValueError, FileNotFoundError, TimeoutError, RuntimeError) as e:
+        # Bad input or a failed rank: the message (with a rank's traceback), not ours.
         print(f"gpupace {argv[0]}: error: {e}", file=sys.stderr)
         return 2
 

@@ -35,10 +35,12 @@ class Pacer:
     `backend`: "host" (CPU clock, any group), "device" (CUDA group; needs triton and cupy) or
     "auto" (device for CUDA groups when it can run, else host).
     `samples_per_step`: scales `throughput` in `summary()` (steps/s when 1).
+    `label` and `telemetry_extra` go into the telemetry file's header.
     """
 
     def __init__(self, config: PaceConfig | None = None, group: Any = None, *,
-                 backend: str = "auto", samples_per_step: float = 1.0, label: str = ""):
+                 backend: str = "auto", samples_per_step: float = 1.0, label: str = "",
+                 telemetry_extra: dict[str, Any] | None = None):
         self.config = config if config is not None else PaceConfig()
         if not isinstance(self.config, PaceConfig):
             raise TypeError(f"config must be a PaceConfig, got {type(self.config).__name__}")
@@ -69,7 +71,8 @@ class Pacer:
         path = self.config.telemetry_path
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
-                                 label=label, config=self.config.to_dict())
+                                 label=label, config=self.config.to_dict(),
+                                 **(telemetry_extra or {}))
             self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
                                            self.config.telemetry_interval)
 
@@ -166,8 +169,9 @@ class Pacer:
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
-        histogram over the records in memory, plus the pacer's settings."""
-        out = summarize(self.ring, self.world_size, self.samples_per_step)
+        histogram over the records in memory after the warm-up steps, plus the settings."""
+        steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
+        out = summarize(steady, self.world_size, self.samples_per_step)
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
                    sites=len(self.site_names))
         return out

@@ -79,7 +79,9 @@ def _nan(v: Any) -> Any:
 
 
 def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
-                sites: Iterable[str] = (), config: dict[str, Any] | None = None) -> dict[str, Any]:
+                sites: Iterable[str] = (), config: dict[str, Any] | None = None,
+                **extra: Any) -> dict[str, Any]:
+    """The first line of a telemetry file; `extra` adds fields (a demo's scenario, say)."""
     versions: dict[str, str] = {"python": platform.python_version()}
     for mod in ("torch", "numpy", "gpupace"):
         try:
@@ -98,6 +100,7 @@ def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
         "versions": versions,
         "host": socket.gethostname(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **extra,
     }
 
 

@@ -1,0 +1,180 @@
+"""`gpupace demo`: a real multi-rank DDP run on this machine, baseline against paced.
+
+It spawns N local ranks (gloo on CPU; NCCL with one GPU per rank where there are enough GPUs),
+injects straggler work from a named scenario, trains the same model with the same seed twice
+(baseline: measured, never delayed; then paced) and prints the two side by side.
+
+`--wait sleep` is gloo as it is: a waiting rank sleeps, so there is none of the coupling that
+makes pacing pay on GPUs, and pacing can at best break even. `--wait spin` makes waiting ranks
+poll their collectives in a busy loop, as NCCL's kernels poll on SMs, so early ranks take cores
+from the late ones; pacing early ranks (they sleep through their delay) gives those back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import PaceConfig
+from .launch import run_ranks
+
+SCENARIOS = ("persistent", "random", "locality", "mixed")
+WAITS = ("sleep", "spin")
+
+
+def make_schedule(scenario: str, world: int, steps: int, straggle_ms: float,
+                  seed: int) -> np.ndarray:
+    """Milliseconds of injected work per step and rank, [steps, world]: the same for both runs.
+    persistent: the last rank is slow by `straggle_ms` every step; random: heavy-tailed spikes
+    (Pareto, shape 1.5) on a random rank on half the steps; locality: fixed offsets growing with
+    the rank, 0 to `straggle_ms`; mixed: half the locality offsets plus the random spikes.
+    Every scenario adds up to 0.3 ms of uniform noise per step and rank."""
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
+    rng = np.random.default_rng(seed)
+    ms = rng.uniform(0.0, 0.3, (steps, world))
+    offsets = straggle_ms * np.arange(world) / max(world - 1, 1)
+    spikes = np.zeros((steps, world))
+    hit = rng.random(steps) < 0.5
+    spike = np.minimum(straggle_ms * (0.5 + rng.pareto(1.5, steps)), 5 * straggle_ms)
+    spikes[np.flatnonzero(hit), rng.integers(0, world, steps)[hit]] = spike[hit]
+    if scenario == "persistent":
+        ms[:, -1] += straggle_ms
+    elif scenario == "random":
+        ms += spikes
+    elif scenario == "locality":
+        ms += offsets
+    else:
+        ms += 0.5 * offsets + spikes
+    return ms
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
+    p.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
+    p.add_argument("--wait", choices=WAITS, default="sleep",
+                   help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
+    p.add_argument("--straggle-ms", type=float, default=8.0,
+                   help="size of the injected straggler work in ms of one core (default 8)")
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl when there is one GPU per rank, else gloo")
+    p.add_argument("--telemetry", metavar="DIR",
+                   help="write DIR/baseline.jsonl and DIR/paced.jsonl (for gpupace report)")
+    p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before the run is abandoned (default 600)")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    backend = args.backend
+    if backend == "auto":
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.ranks \
+            and torch.distributed.is_nccl_available() else "gloo"
+    from .demo_worker import ms_per_unit, run_both
+
+    unit_ms = ms_per_unit()
+    schedule = make_schedule(args.scenario, args.ranks, args.steps, args.straggle_ms, args.seed)
+    paths = {"baseline": None, "paced": None}
+    if args.telemetry:
+        paths = {k: str(Path(args.telemetry) / f"{k}.jsonl") for k in paths}
+    config = PaceConfig(warmup_steps=min(10, args.steps // 4), telemetry_interval=20)
+    print(f"gpupace demo: scenario {args.scenario}, {args.ranks} ranks ({backend}, "
+          f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
+          file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    results = run_ranks(run_both, args.ranks, backend=backend, timeout_s=args.timeout,
+                        schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
+                        batch=args.batch, seed=args.seed, config=config,
+                        telemetry_paths=paths, scenario=args.scenario, show_progress=True)
+    result = comparison(args, backend, results[0])
+    print(format_table(result))
+    print(f"({time.perf_counter() - t0:.1f} s; one unit of injected work measured at "
+          f"{unit_ms * 1e3:.0f} us)", file=sys.stderr)
+    if args.telemetry:
+        print(f"telemetry: {paths['baseline']} {paths['paced']}  "
+              f"(gpupace report {paths['baseline']} {paths['paced']} --out DIR)", file=sys.stderr)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+    return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.ranks < 1:
+        raise ValueError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.steps < 20:
+        raise ValueError(f"--steps must be >= 20 (warm-up and statistics), got {args.steps}")
+    if not (args.straggle_ms >= 0 and math.isfinite(args.straggle_ms)):
+        raise ValueError(f"--straggle-ms must be a finite number >= 0, got {args.straggle_ms}")
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+
+
+KEYS = ("throughput", "step_time_mean", "step_time_cv", "step_time_p50", "step_time_p99",
+        "step_time_max", "spread_mean", "spread_p99", "delay_mean", "active_fraction",
+        "straggler_histogram", "wall_s", "steps")
+
+
+def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "scenario": args.scenario, "world_size": args.ranks, "steps": args.steps,
+        "wait": args.wait, "backend": backend, "batch_per_rank": args.batch, "seed": args.seed,
+        "units": "times in us, throughput in samples/s",
+    }
+    for side in ("baseline", "paced"):
+        out[side] = {k: rank0[side][k] for k in KEYS}
+    b, p = out["baseline"]["throughput"], out["paced"]["throughput"]
+    out["throughput_gain_pct"] = 100.0 * (p / b - 1.0) if b > 0 else float("nan")
+    return out
+
+
+ROWS = (  # label, key, scale, format
+    ("throughput (samples/s)", "throughput", 1.0, "{:.0f}"),
+    ("step time mean (ms)", "step_time_mean", 1e-3, "{:.2f}"),
+    ("step time p50 (ms)", "step_time_p50", 1e-3, "{:.2f}"),
+    ("step time p99 (ms)", "step_time_p99", 1e-3, "{:.2f}"),
+    ("step time CV", "step_time_cv", 1.0, "{:.3f}"),
+    ("arrival spread mean (ms)", "spread_mean", 1e-3, "{:.2f}"),
+    ("arrival spread p99 (ms)", "spread_p99", 1e-3, "{:.2f}"),
+    ("delay per rank-step (ms)", "delay_mean", 1e-3, "{:.2f}"),
+    ("pacing active (% of steps)", "active_fraction", 100.0, "{:.0f}"),
+)
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = [f"scenario {r['scenario']}, {r['world_size']} ranks, {r['backend']}, "
+             f"wait={r['wait']}, {r['steps']} steps",
+             f"{'':28}{'baseline':>12}{'paced':>12}{'change':>10}"]
+    for label, key, scale, fmt in ROWS:
+        b, p = r["baseline"][key] * scale, r["paced"][key] * scale
+        change = f"{100 * (p / b - 1):+.1f}%" if b and math.isfinite(b) and math.isfinite(p) \
+            and key not in ("delay_mean", "active_fraction") else ""
+        lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
+    for side in ("baseline", "paced"):
+        lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
+    return "\n".join(lines)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
