@@ -1,13 +1,15 @@
 """Paced against plain gloo all_reduce on 2 local ranks, 4 KB to 64 MB: what a paced
 collective costs on the host backend, and what the per-step exchange (`Pacer.step()`) adds.
 
-Four variants run interleaved in one loop (order rotated every repeat, a barrier before each
+Five variants run interleaved in one loop (order rotated every repeat, a barrier before each
 timed call, so noise hits all of them alike and repeat i of each is a fair pair):
   plain   `dist.all_reduce`
   paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping)
   step    that pacer's `step()`, once per paced call: one site per step, the worst case
   paced8  a second pacer's `all_reduce`, with `step()` after every 8th call (a step of 8
           buckets), timed together, so the exchange is amortised as in a DDP step
+  exchange  a plain all_gather of a timing row (what step() sends), so that step - exchange
+          is the host work of a step
 Ratios are taken pair by pair; `paced+step` is paced_i + step_i against plain_i, and `paced8`
 is compared over windows of 8 consecutive repeats. Rank 0's clock is reported.
 """
@@ -46,6 +48,7 @@ def human(nbytes: int) -> str:
 
 def _variants(t, rank: int, delays: dict[str, list[float]]) -> dict:
     """The four timed callables for one message size, each pacer fresh."""
+    import torch
     import torch.distributed as dist
 
     import gpupace
@@ -68,11 +71,16 @@ def _variants(t, rank: int, delays: dict[str, list[float]]) -> dict:
             if rec is not None:
                 delays["paced8"].append(rec.delay_us[rank])
 
+    # The exchange alone: the all_gather that step() makes, of a timing row of the same size,
+    # so that step - exchange is the host work of a step (policy update, record).
+    row = torch.zeros(2 + 2 * cfg.max_sites, dtype=torch.float64)
+    gathered = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
     return {
         "plain": lambda: dist.all_reduce(t),
         "paced": lambda: paced.all_reduce(t),
         "step": step1,
         "paced8": run8,
+        "exchange": lambda: dist.all_gather(gathered, row),
     }
 
 
@@ -116,7 +124,7 @@ def bench_allreduce(h: Harness) -> None:
     for nbytes in sizes:
         s, dl = res[nbytes]["samples"], res[nbytes]["delay_us"]
         size = human(nbytes)
-        for k in ("plain", "paced", "step", "paced8"):
+        for k in ("plain", "paced", "step", "paced8", "exchange"):
             h.record("gloo_all_reduce", {"size": size, "variant": k}, s[k])
         pairs = {
             "paced/plain": s["paced"] / s["plain"],
@@ -131,6 +139,12 @@ def bench_allreduce(h: Harness) -> None:
             "gloo_all_reduce",
             {"size": size, "variant": "paced-plain"},
             s["paced"] - s["plain"],
+            metric="overhead",
+        )
+        h.record(
+            "gloo_all_reduce",
+            {"size": size, "variant": "step-exchange (host work of a step)"},
+            s["step"] - s["exchange"],
             metric="overhead",
         )
         summary[size] = {
