@@ -63,13 +63,13 @@ def _spin_kernel(delay_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads, 
         tl.store(clk_ptr + 1, t)
 
 
-@triton.jit
-def _enter_kernel(delay_ptr, row_ptr, stamps_ptr, clk_ptr, site, n_max_sites, cap_us, max_reads,
-                  fake_tick, USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr,
+@triton.jit(do_not_specialize=["site", "delay_offset"])
+def _enter_kernel(delay_ptr, row_ptr, stamps_ptr, clk_ptr, site, delay_offset, n_max_sites, cap_us,
+                  max_reads, fake_tick, USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr,
                   HARD_READS: tl.constexpr):
     # arrive stamp -> spin(delay[site]) -> enter stamp, and the applied delay into the row.
     t0 = stamp_now(clk_ptr, USE_CLOCK)
-    t, i = spin_for(tl.load(delay_ptr + site), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
+    t, i = spin_for(tl.load(delay_ptr + delay_offset + site), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
                     HARD_CAP, HARD_READS)
     tl.store(stamps_ptr + 3 * site, t0)
     tl.store(stamps_ptr + 3 * site + 1, t)
@@ -97,15 +97,19 @@ def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: t
 
 
 def enter(delay: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor,
-          site: int, *, cap_us: float, max_reads: int | None = None, clock: bool | None = None,
+          site: int, *, delay_offset: int = 0, cap_us: float, max_reads: int | None = None, clock: bool | None = None,
           fake_tick: int = 1000) -> None:
     """The fused pre-collective kernel of site `site`: stamps arrival, spins for
-    `delay[site]` (this rank's row of the delay matrix, float32 us), stamps entry and writes the
-    applied delay into `row`. See the module docstring for the buffers."""
+    `delay.flat[delay_offset + site]` (float32 us; the engine passes the whole delay matrix and
+    its rank's offset, so the pointer's alignment, which Triton specialises on, never changes),
+    stamps entry and writes the applied delay into `row`. See the module docstring for the buffers."""
     m = stamps.shape[0]
     if not 0 <= site < m:
         raise ValueError(f"site must be in [0, {m}), got {site}")
     n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
-    _enter_kernel[(1,)](delay, row, stamps, clk, int(site), m, float(cap_us), n, int(fake_tick),
+    if not 0 <= delay_offset + site < delay.numel():
+        raise ValueError(f"delay_offset + site must index delay ({delay.numel()}), got "
+                         f"{delay_offset} + {site}")
+    _enter_kernel[(1,)](delay, row, stamps, clk, int(site), int(delay_offset), m, float(cap_us), n, int(fake_tick),
                         USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US,
                         HARD_READS=HARD_MAX_READS, num_warps=1)

@@ -14,12 +14,12 @@ import triton.language as tl
 from .clock import stamp_now, use_clock
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["slot"])
 def _stamp_kernel(out_ptr, slot, clk_ptr, USE_CLOCK: tl.constexpr):
     tl.store(out_ptr + slot, stamp_now(clk_ptr, USE_CLOCK))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["site"])
 def _exit_kernel(row_ptr, stamps_ptr, clk_ptr, site, USE_CLOCK: tl.constexpr):
     t = stamp_now(clk_ptr, USE_CLOCK)
     entered = tl.load(stamps_ptr + 3 * site + 1)

@@ -63,7 +63,7 @@ def record_len(n_ranks: int, max_sites: int) -> int:
     return REC_HEAD + 4 * n_ranks + max_sites
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_sites", "rank"])
 def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr,

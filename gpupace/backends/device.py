@@ -1,0 +1,319 @@
+"""The device backend: the whole measure -> decide -> delay loop on the GPU, with no host sync.
+
+Per paced collective, on the stream that issues it: `kernels.spin.enter` (arrive stamp, spin for
+this rank's delay, enter stamp) -> the collective -> `kernels.stamp.exit_stamp` (wait, step time,
+site count). Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
+Triton update (floors, hysteresis, next delays, telemetry ring, step counter). Everything lives
+in buffers made in the constructor, so a paced step can be captured in a CUDA graph after
+`warmup()`; replays then adapt the delays with no host involvement.
+
+Telemetry reaches the host lazily: every `COPY_EVERY` steps the ring is copied to pinned memory
+with a non-blocking copy, and parsed once its event has completed, so `end_step` returns the
+records of earlier steps, one per call (a few steps late). In graph mode call `drain()` outside
+the replay loop (it synchronises) at least every `ring_len` replays, or records are lost.
+CUDA events time the compute and collective phases in eager mode (`phase_times()`).
+
+Limits, bluntly: sites are matched by order, and a captured graph fixes the site count; the
+per-collective overhead targets (<= 3 us in graph mode, <= 15 us eager on an H200) are not yet
+measured on a GPU. On a CPU device the engine runs only under TRITON_INTERPRET=1, with the
+clock-free kernel path and the NumPy twin of the reduction: that is for tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import policy
+from ..config import PaceConfig
+from ..telemetry import StepRecord
+from . import device_backend_missing
+
+COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
+
+
+class WarmupError(RuntimeError):
+    """A CUDA graph capture started before `warmup()`."""
+
+
+class DeviceEngine:
+    """Times sites, applies delays and runs the policy on the device. Same interface as
+    `HostEngine`, plus `warmup()`, `drain()` and `phase_times()`."""
+
+    name = "device"
+
+    def __init__(self, config: PaceConfig, group, rank: int, world_size: int, *,
+                 device: torch.device | str | None = None, ring_len: int = 256):
+        dev = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+            else torch.device("cpu"))
+        from gpupace.kernels import clock, reduce, spin, stamp, update  # triton only from here
+
+        self._k_spin, self._k_stamp, self._k_update, self._k_reduce = spin, stamp, update, reduce
+        if dev.type == "cuda":
+            why = device_backend_missing()
+            if why:
+                raise RuntimeError(f"the device backend cannot run here: {why}")
+        elif not clock.interpreting():
+            raise RuntimeError("the device backend runs on a CPU device only under "
+                               "TRITON_INTERPRET=1 (for tests); use backend='host'")
+        self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
+        self.device = dev
+        self.max_sites = m = config.max_sites
+        self.params = policy.PolicyParams.from_config(config, world_size)
+        self.cap_us = float(config.max_delay_us)
+        n, r = world_size, 2 + 2 * m
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        z = dict(device=dev)
+        self.row = torch.zeros(r, dtype=f32, **z)
+        self.row[1:2 + m] = float("nan")
+        self.gathered = torch.zeros(n, r, dtype=f32, **z)
+        self.stamps = torch.zeros(m, 3, dtype=i64, **z)
+        self.clk = torch.zeros(2, dtype=i64, **z)
+        self.red = {"valid": torch.zeros(n, dtype=i32, **z), "n_valid": torch.zeros(1, dtype=i32, **z),
+                    "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, **z),
+                    "straggler": torch.zeros(m, dtype=i32, **z)}
+        self.state = {"floor": torch.zeros(n, m, dtype=f32, **z),
+                      "calm": torch.zeros(n, m, dtype=i32, **z),
+                      "delay": torch.zeros(n, m, dtype=f32, **z),
+                      "active": torch.zeros(m, dtype=i32, **z),
+                      "above": torch.zeros(m, dtype=i32, **z),
+                      "below": torch.zeros(m, dtype=i32, **z),
+                      "counter": torch.zeros(update.COUNTER_LEN, dtype=i64, **z)}
+        self.ring_len = max(int(ring_len), 2 * COPY_EVERY)
+        self.ring = torch.full((self.ring_len, update.record_len(n, m)), float("nan"), dtype=f32, **z)
+        self.ring_step = torch.full((self.ring_len,), -1, dtype=i64, **z)
+        pin = dev.type == "cuda"
+        self._host_ring = torch.empty(self.ring.shape, dtype=f32, pin_memory=pin)
+        self._host_ring_step = torch.empty(self.ring_step.shape, dtype=i64, pin_memory=pin)
+        self._copy_event: Any = None
+        self._copy_pending = False
+        self._cupy_views: dict[str, Any] | None = None
+        self._warm = False
+        self._calls = 0  # end_step calls, the device counter's value in eager mode
+        self._times: deque[tuple[int, int, float]] = deque(maxlen=4 * self.ring_len)
+        self._last_seen = -1
+        self._records: deque[StepRecord] = deque()
+        self._phases: deque[dict[str, float]] = deque(maxlen=self.ring_len)
+        self._pending_phases: deque[tuple[int, list]] = deque()
+        self._step_events: list = []
+        self._prev_end_event: Any = None
+        self.generation = -1
+        self._new_step()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _new_step(self) -> None:
+        self.generation += 1  # exits of an older step are ignored
+        self.n_sites = 0
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _check_capture(self) -> bool:
+        capturing = self._capturing()
+        if capturing and not self._warm:
+            raise WarmupError(
+                "a CUDA graph capture reached a paced collective before warm-up: call "
+                "pacer.warmup() after the first eager step and before torch.cuda.graph(...), so "
+                "that every kernel is compiled and every buffer made outside the capture")
+        return capturing
+
+    def _event(self) -> Any:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    # -- per site ---------------------------------------------------------------------------
+    def arrive(self) -> tuple[int, int]:
+        """Enqueues arrive stamp + spin + enter stamp for the next site on the current stream.
+        Returns the ticket (step generation, site index) that `exit` takes."""
+        capturing = self._check_capture()
+        k = self.n_sites
+        self.n_sites += 1
+        if k < self.max_sites:
+            if self.device.type == "cuda" and not capturing:
+                self._step_events.append([self._event(), None])
+            self._k_spin.enter(self.state["delay"], self.row, self.stamps, self.clk, k,
+                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us)
+        return self.generation, k
+
+    def exit(self, ticket: tuple[int, int]) -> None:
+        generation, k = ticket
+        if generation != self.generation or k >= self.max_sites:
+            return  # an async collective that outlived its step, or a site past max_sites
+        capturing = self._check_capture()
+        self._k_stamp.exit_stamp(self.row, self.stamps, self.clk, k)
+        if self.device.type == "cuda" and not capturing and k < len(self._step_events):
+            self._step_events[k][1] = self._event()
+
+    # -- per step ---------------------------------------------------------------------------
+    def end_step(self, step: int, time_s: float) -> StepRecord | None:
+        """Enqueues the exchange, the reduction and the update; returns the oldest telemetry
+        record that has reached the host, if any (records arrive a few steps late)."""
+        capturing = self._check_capture()
+        n = min(self.n_sites, self.max_sites)
+        self._exchange()
+        self._reduce(n)
+        self._k_update.update(self.gathered, self.row, self.red, self.state, self.ring,
+                              self.ring_step, self.params, n_sites=n, rank=self.rank)
+        self._new_step()
+        if capturing:
+            return None
+        self._times.append((self._calls, step, time_s))
+        self._calls += 1
+        if self.device.type == "cuda":
+            end = self._event()
+            if self._step_events:
+                self._pending_phases.append((step, [self._prev_end_event, *self._step_events, end]))
+            self._step_events, self._prev_end_event = [], end
+            self._collect_phases()
+        self._poll(self._calls % COPY_EVERY == 0)
+        return self._records.popleft() if self._records else None
+
+    def _exchange(self) -> None:
+        if self.world_size == 1 or self.group is None and not dist.is_initialized():
+            self.gathered[0].copy_(self.row)
+        elif hasattr(dist, "all_gather_into_tensor") and self.device.type == "cuda":
+            dist.all_gather_into_tensor(self.gathered, self.row, group=self.group)
+        else:  # gloo (CPU tests): the list form
+            dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
+
+    def _reduce(self, n: int) -> None:
+        if self.device.type == "cuda":
+            v = self._views()
+            self._k_reduce.reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
+                                       v["straggler"], n_sites=n,
+                                       stream_ptr=torch.cuda.current_stream().cuda_stream,
+                                       device=self.device.index or 0)
+        else:  # CPU tests: the NumPy twin, written into the same buffers
+            out = self._k_reduce.reduce_reference(self.gathered.numpy(), n)
+            for key, value in out.items():
+                self.red[key].copy_(torch.from_numpy(value))
+
+    def _views(self) -> dict[str, Any]:
+        """CuPy views of the reduction's buffers, made once (DLPack), before any capture."""
+        if self._cupy_views is None:
+            import cupy
+
+            bufs = {"gathered": self.gathered, **self.red}
+            self._cupy_views = {k: cupy.from_dlpack(v) for k, v in bufs.items()}
+        return self._cupy_views
+
+    # -- telemetry --------------------------------------------------------------------------
+    def _poll(self, start_copy: bool) -> None:
+        """Parses a finished ring copy; starts a new non-blocking one when asked. No sync."""
+        if self._copy_pending and (self._copy_event is None or self._copy_event.query()):
+            self._copy_pending = False
+            self._parse(self._host_ring.numpy(), self._host_ring_step.numpy())
+        if start_copy and not self._copy_pending:
+            self._host_ring.copy_(self.ring, non_blocking=True)
+            self._host_ring_step.copy_(self.ring_step, non_blocking=True)
+            if self.device.type == "cuda":
+                self._copy_event = torch.cuda.Event()
+                self._copy_event.record()
+            self._copy_pending = True
+
+    def drain(self) -> list[StepRecord]:
+        """Synchronises, reads the whole ring and returns every record not yet returned (the
+        ones `end_step` would have returned later included). Call it outside the step loop,
+        e.g. after a batch of graph replays."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        self._copy_pending = False
+        self._parse(self.ring.cpu().numpy(), self.ring_step.cpu().numpy())
+        out = list(self._records)
+        self._records.clear()
+        return out
+
+    def _parse(self, ring: np.ndarray, ring_step: np.ndarray) -> None:
+        from gpupace.kernels import update as u
+
+        times = {c: (s, t) for c, s, t in self._times}
+        n, now = self.world_size, time.perf_counter()
+        for slot in np.argsort(ring_step, kind="stable"):
+            k = int(ring_step[slot])
+            if k <= self._last_seen:
+                continue
+            self._last_seen = k
+            rec = ring[slot]
+            if rec[u.REC_OK] != 1.0:
+                continue  # ranks disagreed on the sites of that step: no record, as on the host
+            step, t = times.get(k, (k, float("nan")))
+            h, n_sites = u.REC_HEAD, int(rec[u.REC_N_SITES])
+            self._records.append(StepRecord(
+                step=int(step), time_s=float(t) if t == t else now,
+                step_time_us=float(rec[u.REC_STEP_TIME]), spread_us=float(rec[u.REC_SPREAD]),
+                residual_us=float(rec[u.REC_RESIDUAL]), transfer_us=float(rec[u.REC_TRANSFER]),
+                straggler=int(rec[u.REC_STRAGGLER]), active=bool(rec[u.REC_ACTIVE]),
+                earliness_us=rec[h:h + n].astype(float).tolist(),
+                wait_us=rec[h + n:h + 2 * n].astype(float).tolist(),
+                delay_us=rec[h + 2 * n:h + 3 * n].astype(float).tolist(),
+                step_times_us=rec[h + 3 * n:h + 4 * n].astype(float).tolist(),
+                site_spread_us=rec[h + 4 * n:h + 4 * n + n_sites].astype(float).tolist(),
+            ))
+
+    def _collect_phases(self) -> None:
+        """Eager-mode phase times from CUDA events, read only once they have completed."""
+        while self._pending_phases:
+            step, evs = self._pending_phases[0]
+            prev, sites, end = evs[0], evs[1:-1], evs[-1]
+            if not end.query():
+                return
+            self._pending_phases.popleft()
+            first = sites[0][0]
+            self._phases.append({
+                "step": step,
+                "compute_us": prev.elapsed_time(first) * 1e3 if prev is not None else float("nan"),
+                "collective_us": sum(a.elapsed_time(b) * 1e3 for a, b in sites if b is not None),
+                "step_us": prev.elapsed_time(end) * 1e3 if prev is not None else float("nan"),
+            })
+
+    def phase_times(self) -> list[dict[str, float]]:
+        """Per step (eager mode): compute before the first paced site, time in paced sites
+        (delay + collective), and the whole step, in us, from CUDA events."""
+        if self.device.type == "cuda":
+            self._collect_phases()
+        return list(self._phases)
+
+    # -- control ----------------------------------------------------------------------------
+    def next_delays(self) -> np.ndarray:
+        """This rank's delays for the next step (synchronises: not for the step loop)."""
+        n_state = int(self.state["counter"][2].item())
+        return self.state["delay"][self.rank, :max(n_state, 0)].double().cpu().numpy()
+
+    def warmup(self) -> None:
+        """Compiles every kernel (Triton, CuPy NVRTC), makes every view and initialises the
+        collective, on scratch copies of the buffers so no state changes; then synchronises.
+        Call it after the first eager step and before capturing a paced step in a CUDA graph."""
+        if self._capturing():
+            raise WarmupError("warmup() was called inside a CUDA graph capture; call it before")
+        scratch = DeviceEngine.__new__(DeviceEngine)
+        scratch.__dict__.update(self.__dict__)
+        scratch.row, scratch.gathered = self.row.clone(), self.gathered.clone()
+        scratch.stamps, scratch.clk = self.stamps.clone(), self.clk.clone()
+        scratch.red = {k: v.clone() for k, v in self.red.items()}
+        scratch.state = {k: v.clone() for k, v in self.state.items()}
+        scratch.ring, scratch.ring_step = self.ring.clone(), self.ring_step.clone()
+        scratch._cupy_views = None
+        zero = torch.zeros_like(self.state["delay"])
+        scratch.state["delay"] = zero  # no spin during warm-up
+        for k in (0, 1 % self.max_sites):  # two sites: the site index is not specialised on
+            self._k_spin.enter(zero, scratch.row, scratch.stamps, scratch.clk, k,
+                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us)
+            self._k_stamp.exit_stamp(scratch.row, scratch.stamps, scratch.clk, k)
+        scratch._exchange()
+        if self.device.type == "cuda":
+            self._k_reduce.warmup(torch.cuda.current_stream().cuda_stream, self.device.index or 0)
+        scratch._reduce(1)
+        self._k_update.update(scratch.gathered, scratch.row, scratch.red, scratch.state,
+                              scratch.ring, scratch.ring_step, self.params, n_sites=1,
+                              rank=self.rank)
+        self._views()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._warm = True

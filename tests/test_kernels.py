@@ -1,0 +1,208 @@
+"""The Triton kernels on the CPU under TRITON_INTERPRET=1, on their clock-free path: the spin's
+clamp, bound and bookkeeping, the stamps, the clock helpers, and the reduction's NumPy twin
+against the policy. The update kernel against the policy is in test_kernels_update.py.
+
+TRITON_INTERPRET is set for this module only: the fixture reloads the kernel modules under it
+and reloads them back afterwards, so other tests see ordinary compiled kernels.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpupace import PaceConfig, policy
+
+KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
+
+
+def reload_kernels() -> dict:
+    mods = {}
+    for name in KERNEL_MODULES:  # clock first: the others import its jit functions
+        mods[name] = importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
+    return mods
+
+
+@pytest.fixture(scope="module")
+def k():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    mods = reload_kernels()
+    assert mods["clock"].interpreting()
+    yield mods
+    mp.undo()
+    reload_kernels()
+
+
+def buffers(m: int, start_ns: int = 1_000_000):
+    row = torch.zeros(2 + 2 * m)
+    row[1:2 + m] = float("nan")
+    stamps = torch.zeros(m, 3, dtype=torch.int64)
+    clk = torch.tensor([0, start_ns], dtype=torch.int64)
+    return row, stamps, clk
+
+
+def spin_once(k, delay, cap_us, fake_tick=1000, max_reads=None):
+    d = torch.tensor([delay], dtype=torch.float32)
+    applied = torch.full((1,), -1.0)
+    reads = torch.full((1,), -1, dtype=torch.int32)
+    clk = torch.tensor([0, 5_000], dtype=torch.int64)
+    k["spin"].spin(d, applied, reads, clk, cap_us=cap_us, fake_tick=fake_tick, max_reads=max_reads)
+    return float(applied[0]), int(reads[0]), int(clk[1])
+
+
+def expected_applied(delay, cap_us, tick_ns):
+    clamped = 0.0 if not delay == delay else min(max(delay, 0.0), cap_us)
+    reads = math.ceil(np.float32(clamped) * 1000 / tick_ns) if clamped > 0 else 0
+    return reads * tick_ns / 1000, reads
+
+
+@pytest.mark.parametrize("delay", [float("nan"), -5.0, -math.inf, 0.0, 0.25, 3.0, 7.5, 10.0,
+                                   11.0, 1e9, math.inf])
+def test_spin_clamps_whatever_the_buffer_holds(k, delay):
+    applied, reads, end = spin_once(k, delay, cap_us=10.0, fake_tick=1000)
+    want, want_reads = expected_applied(delay, 10.0, 1000)
+    assert applied == pytest.approx(want)
+    assert reads == want_reads
+    assert end == 5_000 + want_reads * 1000  # the virtual clock advanced by what was applied
+
+
+def test_spin_hard_cap_beats_a_huge_cap(k):
+    # cap_us far above the kernel's hard cap, delay infinite: the hard cap (1 s) applies.
+    tick = 20_000_000  # 20 ms per virtual read keeps the interpreter fast
+    applied, reads, _ = spin_once(k, math.inf, cap_us=1e12, fake_tick=tick)
+    assert applied == pytest.approx(k["spin"].HARD_CAP_US)
+    assert reads == int(k["spin"].HARD_CAP_US * 1000 / tick)
+
+
+@pytest.mark.parametrize("cap", [float("nan"), -1.0, 0.0])
+def test_spin_bad_cap_means_no_delay(k, cap):
+    assert spin_once(k, 50.0, cap_us=cap) == (0.0, 0, 5_000)
+
+
+def test_spin_cannot_spin_forever_on_a_stuck_clock(k):
+    applied, reads, _ = spin_once(k, 5.0, cap_us=10.0, fake_tick=0, max_reads=17)
+    assert (applied, reads) == (0.0, 17)
+    assert spin_once(k, 5.0, cap_us=10.0, fake_tick=0, max_reads=-3)[1] == 0
+
+
+def test_spin_stops_when_the_clock_runs_backwards(k):
+    applied, reads, _ = spin_once(k, 5.0, cap_us=10.0, fake_tick=-1000, max_reads=1000)
+    assert reads == 1
+    assert applied == pytest.approx(-1.0)  # the kernel reports what the clock said
+
+
+def test_max_reads_bound_covers_the_cap(k):
+    s = k["spin"]
+    assert s.max_reads_for(10.0) >= 10.0 * 1000 / s.MIN_READ_NS
+    assert s.max_reads_for(float("nan")) == s.max_reads_for(0.0)
+    assert s.max_reads_for(1e15) == s.max_reads_for(s.HARD_CAP_US)
+
+
+@pytest.mark.parametrize("m", [1, 3, 7])
+def test_enter_and_exit_bookkeeping(k, m):
+    row, stamps, clk = buffers(m)
+    delay = torch.zeros(3, m)  # three ranks; this rank is 1
+    delay[1] = torch.arange(m, dtype=torch.float32) * 2.0 + 1.0  # 1, 3, 5 ... us
+    t = 1_000_000
+    for site in range(m):
+        k["spin"].enter(delay, row, stamps, clk, site, delay_offset=m, cap_us=100.0)
+        d_ns = int(delay[1, site] * 1000)
+        assert stamps[site, 0] == t and stamps[site, 1] == t + d_ns
+        assert row[2 + m + site] == pytest.approx(delay[1, site].item())
+        t += d_ns + 250_000 + 1000 * site  # the collective takes 250 us + site ms-ish
+        clk[1] = t
+        k["stamp"].exit_stamp(row, stamps, clk, site)
+        assert stamps[site, 2] == t
+        assert row[2 + site] == pytest.approx(250.0 + site)
+        assert row[0] == site + 1
+    assert math.isnan(row[1])  # first step: no previous exit of site 0
+    first_exit = int(stamps[0, 2])
+    assert clk[0] == first_exit
+    clk[1] = first_exit + 3_000_000  # next step: site 0 exits 3 ms after the last time
+    k["spin"].enter(torch.zeros(3, m), row, stamps, clk, 0, delay_offset=m, cap_us=100.0)
+    k["stamp"].exit_stamp(row, stamps, clk, 0)
+    assert row[1] == pytest.approx(3000.0)
+    assert row[0] == 1
+
+
+def test_launchers_reject_bad_sites(k):
+    row, stamps, clk = buffers(2)
+    with pytest.raises(ValueError, match="site"):
+        k["spin"].enter(torch.zeros(2), row, stamps, clk, 2, cap_us=1.0)
+    with pytest.raises(ValueError, match="site"):
+        k["stamp"].exit_stamp(row, stamps, clk, -1)
+    with pytest.raises(ValueError, match="slot"):
+        k["stamp"].stamp(torch.zeros(2, dtype=torch.int64), 5, clk)
+
+
+def test_stamp_writes_the_clock_into_its_slot(k):
+    out = torch.full((5,), -7, dtype=torch.int64)
+    clk = torch.tensor([0, 123_456], dtype=torch.int64)
+    k["stamp"].stamp(out, 3, clk)
+    assert out.tolist() == [-7, -7, -7, 123_456, -7]
+
+
+def test_clock_free_reads_and_tick(k):
+    out = torch.zeros(9, dtype=torch.int64)
+    out[0] = 100
+    k["clock"].read_clock(out, fake_tick=32)
+    assert out.tolist() == [100 + 32 * (i + 1) for i in range(9)]
+    assert k["clock"].tick_from_reads(out.numpy()) == 32.0
+    assert math.isnan(k["clock"].tick_from_reads([5, 5, 5]))  # a clock that never moved
+    # a coarse timer: many equal reads between steps of 1 us
+    assert k["clock"].tick_from_reads([0, 0, 0, 1000, 1000, 2000, 2000, 2000, 3000]) == 1000.0
+    assert not k["clock"].use_clock(True)  # the interpreter never reads %globaltimer
+
+
+# -- the reduction's NumPy twin against the policy ---------------------------------------------
+
+quarter_us = st.integers(0, 400_000).map(lambda q: q / 4.0)  # exact in float32, sums too
+bad = st.sampled_from([float("nan"), -1.0, float("inf"), 2e9])
+
+
+@st.composite
+def gathered_rows(draw, max_ranks=9, max_sites=4):
+    n = draw(st.integers(1, max_ranks))
+    m = draw(st.integers(1, max_sites))
+    n_sites = draw(st.integers(1, m))
+    w = np.array([[draw(quarter_us) for _ in range(n_sites)] for _ in range(n)])
+    d = np.array([[draw(quarter_us) / 8 for _ in range(n_sites)] for _ in range(n)])
+    for _ in range(draw(st.integers(0, 2))):  # corrupt a few entries
+        i, s = draw(st.integers(0, n - 1)), draw(st.integers(0, n_sites - 1))
+        (w if draw(st.booleans()) else d)[i, s] = draw(bad)
+    steps = np.array([draw(st.one_of(quarter_us, bad)) for _ in range(n)])
+    g = np.full((n, 2 + 2 * m), np.nan, dtype=np.float32)
+    g[:, 0] = n_sites
+    g[:, 1] = steps
+    g[:, 2 + m:] = 0.0
+    g[:, 2:2 + n_sites] = w
+    g[:, 2 + m:2 + m + n_sites] = d
+    return g, w, d, steps, n_sites
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=gathered_rows())
+def test_reduce_reference_agrees_with_policy(k, data):
+    g, w, d, steps, n_sites = data
+    n = w.shape[0]
+    out = k["reduce"].reduce_reference(g, n_sites)
+    params = policy.PolicyParams.from_config(PaceConfig(), n)
+    _, stats = policy.update(params, policy.init_state(n, n_sites), w, d, steps)
+    np.testing.assert_array_equal(out["valid"].astype(bool), stats.valid)
+    assert out["n_valid"][0] == stats.valid.sum()
+    site = out["site"][:, :n_sites]
+    np.testing.assert_allclose(site[1], stats.spread, rtol=1e-6, atol=1e-3, equal_nan=True)
+    np.testing.assert_allclose(site[2], stats.transfer, rtol=1e-6, atol=1e-3, equal_nan=True)
+    np.testing.assert_allclose(site[3], stats.residual, rtol=1e-6, atol=1e-3, equal_nan=True)
+    np.testing.assert_array_equal(out["straggler"][:n_sites], stats.straggler)
+    if stats.valid.sum() >= 2:
+        mean_e = stats.earliness[stats.valid].mean(axis=0)
+        np.testing.assert_allclose(site[4], mean_e, rtol=1e-5, atol=2e-2)
+    assert np.isnan(out["site"][:, n_sites:]).all() and (out["straggler"][n_sites:] == -1).all()

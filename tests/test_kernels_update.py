@@ -1,0 +1,245 @@
+"""The fused Triton update kernel against `gpupace.policy.update`, on the CPU under
+TRITON_INTERPRET=1 (set for this module only, see test_kernels.py): random rows, parameters and
+step sequences (hypothesis), odd rank and site counts, corrupted rows, disagreeing site counts,
+a new site layout, the telemetry record and the row reset.
+
+Inputs are multiples of 0.25 us so that sums and the hysteresis comparisons are exact in
+float32 as in float64; floors and delays then agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from gpupace import PaceConfig, policy
+
+KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
+
+
+def reload_kernels() -> dict:
+    return {name: importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
+            for name in KERNEL_MODULES}
+
+
+@pytest.fixture(scope="module")
+def k():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    mods = reload_kernels()
+    yield mods
+    mp.undo()
+    reload_kernels()
+
+
+class DeviceSide:
+    """The kernel's buffers on the CPU, fed the way the device engine feeds them."""
+
+    def __init__(self, k, n: int, m: int, rank: int = 0, ring_len: int = 8):
+        self.k, self.n, self.m, self.rank = k, n, m, rank
+        i32 = torch.int32
+        self.state = {"floor": torch.zeros(n, m), "calm": torch.zeros(n, m, dtype=i32),
+                      "delay": torch.zeros(n, m), "active": torch.zeros(m, dtype=i32),
+                      "above": torch.zeros(m, dtype=i32), "below": torch.zeros(m, dtype=i32),
+                      "counter": torch.zeros(k["update"].COUNTER_LEN, dtype=torch.int64)}
+        self.ring = torch.full((ring_len, k["update"].record_len(n, m)), float("nan"))
+        self.ring_step = torch.full((ring_len,), -1, dtype=torch.int64)
+        self.row = torch.zeros(2 + 2 * m)
+
+    def step(self, g: np.ndarray, n_sites: int, params) -> np.ndarray:
+        red = {key: torch.from_numpy(v) for key, v in
+               self.k["reduce"].reduce_reference(g, n_sites).items()}
+        self.k["update"].update(torch.from_numpy(g), self.row, red, self.state, self.ring,
+                                self.ring_step, params, n_sites=n_sites, rank=self.rank)
+        step = int(self.state["counter"][0]) - 1
+        return self.ring[step % self.ring.shape[0]].numpy()
+
+
+def make_rows(w, d, steps, m, counts=None):
+    n, n_sites = w.shape
+    g = np.full((n, 2 + 2 * m), np.nan, dtype=np.float32)
+    g[:, 0] = n_sites if counts is None else counts
+    g[:, 1] = steps
+    g[:, 2 + m:] = 0.0
+    g[:, 2:2 + n_sites] = w
+    g[:, 2 + m:2 + m + n_sites] = d
+    return g
+
+
+def compare(dev: DeviceSide, state: policy.PolicyState, n_sites: int):
+    s = dev.state
+    np.testing.assert_allclose(s["floor"][:, :n_sites].numpy(), state.floor, rtol=1e-4, atol=2e-3)
+    np.testing.assert_array_equal(s["calm"][:, :n_sites].numpy(), state.calm)
+    np.testing.assert_allclose(s["delay"][:, :n_sites].numpy(), state.delay, rtol=1e-4, atol=2e-3)
+    np.testing.assert_array_equal(s["active"][:n_sites].numpy().astype(bool), state.active)
+    np.testing.assert_array_equal(s["above"][:n_sites].numpy(), state.above)
+    np.testing.assert_array_equal(s["below"][:n_sites].numpy(), state.below)
+    assert int(s["counter"][1]) == state.step
+    assert (s["delay"][:, n_sites:] == 0).all()
+
+
+quarter = st.integers(0, 40_000).map(lambda q: q / 4.0)  # 0 to 10 ms
+bad = st.sampled_from([float("nan"), -1.0, float("inf"), 2e9])
+
+
+@st.composite
+def configs(draw):
+    threshold = draw(st.integers(1, 400)) / 4.0
+    return PaceConfig(
+        mode=draw(st.sampled_from(["pace", "pace", "observe"])),
+        threshold_us=threshold,
+        release_us=draw(st.integers(0, int(threshold * 4))) / 4.0,
+        on_steps=draw(st.integers(1, 2)),
+        off_steps=draw(st.integers(1, 3)),
+        gain=draw(st.sampled_from([0.0, 0.5, 0.9, 1.0])),
+        guard_us=draw(st.integers(0, 200)) / 4.0,
+        max_delay_us=draw(st.sampled_from([5.0, 200.0, 50_000.0])),
+        cap_fraction=draw(st.sampled_from([0.05, 0.5, 1.0])),
+        floor_rise=draw(st.sampled_from([0.05, 0.25, 1.0])),
+        floor_fall=draw(st.sampled_from([0.5, 1.0])),
+        holdoff_factor=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        warmup_steps=draw(st.integers(0, 2)),
+    )
+
+
+@st.composite
+def scenarios(draw):
+    n = draw(st.sampled_from([1, 2, 3, 5, 17]))
+    m = draw(st.integers(1, 4))
+    n_sites = draw(st.integers(1, m))
+    steps = []
+    for _ in range(draw(st.integers(1, 4))):
+        early = np.array([draw(quarter) for _ in range(n)])  # per-rank persistent earliness
+        w = np.array([[float(early[i] + draw(st.integers(0, 40)) / 4) for _ in range(n_sites)]
+                      for i in range(n)])
+        d = np.array([[draw(st.integers(0, 80)) / 4 for _ in range(n_sites)] for _ in range(n)])
+        if draw(st.integers(0, 4)) == 0:
+            i, s = draw(st.integers(0, n - 1)), draw(st.integers(0, n_sites - 1))
+            (w if draw(st.booleans()) else d)[i, s] = draw(bad)
+        st_us = np.array([draw(st.one_of(st.integers(400, 80_000).map(lambda q: q / 4.0), bad))
+                          for _ in range(n)])
+        steps.append((w, d, st_us))
+    return draw(configs()), n, m, n_sites, steps
+
+
+# No shrinking: under the interpreter it takes minutes; a failure shows the example as drawn.
+@settings(max_examples=12, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@given(sc=scenarios())
+def test_update_kernel_agrees_with_policy(k, sc):
+    cfg, n, m, n_sites, steps = sc
+    params = policy.PolicyParams.from_config(cfg, n)
+    rank = n - 1
+    dev = DeviceSide(k, n, m, rank=rank)
+    state = policy.init_state(n, n_sites)
+    for w, d, st_us in steps:
+        rec = dev.step(make_rows(w, d, st_us, m), n_sites, params)
+        state, stats = policy.update(params, state, w, d, st_us)
+        compare(dev, state, n_sites)
+        U = k["update"]
+        assert rec[U.REC_OK] == 1.0
+        assert rec[U.REC_CAP] == pytest.approx(stats.cap_us, rel=1e-6, abs=1e-6)
+        sp = np.nan_to_num(stats.spread, nan=-1.0)
+        s_best = int(np.argmax(sp))
+        assert rec[U.REC_SITE] == s_best
+        np.testing.assert_allclose(rec[U.REC_SPREAD], stats.spread[s_best], atol=1e-3,
+                                   equal_nan=True)
+        assert rec[U.REC_STRAGGLER] == stats.straggler[s_best]
+        assert bool(rec[U.REC_ACTIVE]) == bool(stats.active.any())
+        h = U.REC_HEAD
+        np.testing.assert_allclose(rec[h:h + n], stats.earliness[:, s_best], atol=1e-3)
+        np.testing.assert_allclose(rec[h + n:h + 2 * n], np.nansum(w, axis=1), rtol=1e-6)
+        np.testing.assert_allclose(rec[h + 2 * n:h + 3 * n], np.nansum(d, axis=1), rtol=1e-6)
+        np.testing.assert_allclose(rec[h + 3 * n:h + 4 * n], st_us.astype(np.float32))
+        np.testing.assert_allclose(rec[h + 4 * n:h + 4 * n + n_sites], stats.spread, atol=1e-3,
+                                   equal_nan=True)
+        # this rank's row is empty again for the next step
+        assert dev.row[0] == 0 and math.isnan(dev.row[1])
+        assert torch.isnan(dev.row[2:2 + m]).all() and (dev.row[2 + m:] == 0).all()
+    assert int(dev.state["counter"][0]) == len(steps)
+
+
+def paced(n=3, m=2):
+    cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=10.0, release_us=5.0, gain=1.0, guard_us=0.0)
+    return policy.PolicyParams.from_config(cfg, n)
+
+
+def skewed(n=3, n_sites=2):
+    w = np.tile(np.arange(n, dtype=float)[::-1, None] * 100.0, (1, n_sites))  # rank 0 earliest
+    return w, np.zeros((n, n_sites)), np.full(n, 10_000.0)
+
+
+def test_disagreeing_site_counts_learn_nothing_and_zero_every_delay(k):
+    params, (w, d, st_us) = paced(), skewed()
+    dev = DeviceSide(k, 3, 2)
+    for _ in range(3):
+        dev.step(make_rows(w, d, st_us, 2), 2, params)
+    assert dev.state["delay"][0, 0] > 0  # paced: rank 0 arrives 200 us early
+    before = {key: v.clone() for key, v in dev.state.items()}
+    rec = dev.step(make_rows(w, d, st_us, 2, counts=np.array([2, 2, 1])), 2, params)
+    assert rec[k["update"].REC_OK] == 0.0
+    assert (dev.state["delay"] == 0).all()
+    for key in ("floor", "calm", "active", "above", "below"):
+        assert torch.equal(dev.state[key], before[key]), key
+    assert dev.state["counter"][1] == before["counter"][1]  # no policy step
+    assert dev.state["counter"][0] == before["counter"][0] + 1  # but a step was done
+
+
+def test_no_sites_is_a_disagreement(k):
+    dev = DeviceSide(k, 2, 2)
+    rec = dev.step(make_rows(*skewed(2, 1), 2, counts=np.array([0, 0])), 0, paced(2))
+    assert rec[k["update"].REC_OK] == 0.0 and (dev.state["delay"] == 0).all()
+
+
+def test_a_new_site_count_starts_afresh(k):
+    params = paced()
+    dev = DeviceSide(k, 3, 3)
+    state = policy.init_state(3, 2)
+    for _ in range(3):
+        w, d, st_us = skewed(3, 2)
+        dev.step(make_rows(w, d, st_us, 3), 2, params)
+        state, _ = policy.update(params, state, w, d, st_us)
+    compare(dev, state, 2)
+    state = policy.init_state(3, 3)  # the host engine's rule: a new layout, a new state
+    for _ in range(2):
+        w, d, st_us = skewed(3, 3)
+        dev.step(make_rows(w, d, st_us, 3), 3, params)
+        state, _ = policy.update(params, state, w, d, st_us)
+    compare(dev, state, 3)
+
+
+def test_the_straggler_is_never_delayed_even_with_a_floor(k):
+    # Rank 0 is early for a while and builds a floor; then it is last. With a slow fall its
+    # floor stays positive, and only the straggler rule keeps its delay at zero.
+    cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=10.0, release_us=5.0, gain=1.0, guard_us=0.0,
+                     floor_fall=0.25, floor_rise=1.0)
+    params = policy.PolicyParams.from_config(cfg, 3)
+    dev, state = DeviceSide(k, 3, 1), policy.init_state(3, 1)
+    early = np.array([[300.0], [100.0], [0.0]])
+    late = np.array([[0.0], [100.0], [300.0]])
+    for w in (early, early, late):
+        d, st_us = np.zeros((3, 1)), np.full(3, 10_000.0)
+        dev.step(make_rows(w, d, st_us, 1), 1, params)
+        state, stats = policy.update(params, state, w, d, st_us)
+    assert stats.straggler[0] == 0 and state.floor[0, 0] > 0
+    compare(dev, state, 1)
+    assert dev.state["delay"][0, 0] == 0
+
+
+def test_update_launcher_checks_arguments(k):
+    dev = DeviceSide(k, 2, 2)
+    g = torch.from_numpy(make_rows(*skewed(2, 1), 2))
+    red = {key: torch.from_numpy(v) for key, v in k["reduce"].reduce_reference(g.numpy(), 1).items()}
+    with pytest.raises(ValueError, match="n_sites"):
+        k["update"].update(g, dev.row, red, dev.state, dev.ring, dev.ring_step, paced(2),
+                           n_sites=3, rank=0)
+    with pytest.raises(ValueError, match="rank"):
+        k["update"].update(g, dev.row, red, dev.state, dev.ring, dev.ring_step, paced(2),
+                           n_sites=1, rank=2)
