@@ -80,9 +80,11 @@ class Draws:
         per_bucket = sc.forward_us * sc.backward_ratio / nb
         work = np.broadcast_to((per_bucket * self.speed)[:, None], (c, n, nb)).copy()
         if sc.noise_sigma > 0:
-            s = sc.noise_sigma
-            fwd *= np.exp(s * rng.standard_normal((c, n)) - 0.5 * s * s)
-            work *= np.exp(s * rng.standard_normal((c, n, nb)) - 0.5 * s * s)
+            # float32 normals: 3x faster than float64 and ample for a few % of noise
+            s = np.float32(sc.noise_sigma)
+            h = np.float32(0.5) * s * s
+            fwd *= np.exp(s * rng.standard_normal((c, n), dtype=np.float32) - h)
+            work *= np.exp(s * rng.standard_normal((c, n, nb), dtype=np.float32) - h)
         if sc.spike_prob > 0:
             hit = rng.random((c, n)) < sc.spike_prob
             k = int(hit.sum())

@@ -85,6 +85,42 @@ def run_step(start, fwd, work, xfer, delay, kp, kc, ready, a, e, s, x, w, d):
 
 
 @njit(cache=True)
+def oracle_advance(b, delay_prev, xfer_prev, start, fwd, work, kp, kc, ready, a, e, s, x, w, d):
+    """Finishes bucket b - 1 with its delays (if b > 0), then computes the natural arrivals of
+    bucket b (if b < buckets): one call per bucket for the oracle, which decides each bucket's
+    delays from its true arrivals in between."""
+    if b > 0:
+        finish_bucket(b - 1, delay_prev, xfer_prev, a, e, s, x, w, d)
+    if b < work.shape[1]:
+        arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e)
+
+
+@njit(cache=True)
+def step_stats(a, d, spread, early, delay_sum):
+    """Per step: true arrival spread per site, each rank's earliness at the site of largest
+    spread, and each rank's applied delay summed over sites."""
+    n, nb = a.shape
+    best, site = -1.0, 0
+    for b in range(nb):
+        lo, hi = np.inf, -np.inf
+        for i in range(n):
+            lo = min(lo, a[i, b])
+            hi = max(hi, a[i, b])
+        spread[b] = hi - lo
+        if hi - lo > best:
+            best, site = hi - lo, b
+    last = -np.inf
+    for i in range(n):
+        last = max(last, a[i, site])
+    for i in range(n):
+        early[i] = last - a[i, site]
+        tot = 0.0
+        for b in range(nb):
+            tot += d[i, b]
+        delay_sum[i] = tot
+
+
+@njit(cache=True)
 def ar1(z0, eps, rho):
     """AR(1) with unit stationary variance: z[t] = rho z[t-1] + sqrt(1 - rho^2) eps[t]."""
     out = np.empty_like(eps)
@@ -121,6 +157,10 @@ def warmup() -> float:
     v = np.zeros(nb)
     run_step(np.zeros(n), np.ones(n), np.ones((n, nb)), v.copy(), z.copy(), 0.0, 0.1,
              z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())
+    z2 = np.zeros(nb)
+    oracle_advance(1, v.copy(), 1.0, np.zeros(n), np.ones(n), np.ones((n, nb)), 0.0, 0.1,
+                   z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())
+    step_stats(z.copy(), z.copy(), z2, np.zeros(n), np.zeros(n))
     ar1(np.zeros(1), np.zeros((2, 1)), 0.5)
     markov2(0, np.zeros(2), 0.1, 0.1)
     return time.perf_counter() - t0

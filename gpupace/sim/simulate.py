@@ -124,6 +124,7 @@ def simulate(
     ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
     s, x = np.zeros(nb), np.zeros(nb)
     zeros = np.zeros((n, nb))
+    early, delay_sum = np.zeros(n), np.zeros(n)
     out_step = np.full(steps, np.nan)
     out_spread = np.zeros((steps, nb))
     out_active = np.zeros((steps, nb), dtype=bool)
@@ -145,13 +146,14 @@ def simulate(
         out_cont[k:k + c] = ch.contention
         for j in range(c):
             if policy == "oracle":
-                for b in range(nb):
-                    engine.arrive_bucket(b, ch.opt[j], ch.fwd[j], ch.work[j], s, x, kp, kc,
-                                         ready, a, e)
-                    tq = time.perf_counter()
-                    db = pol.oracle_delays(a[:, b])
-                    t_policy += time.perf_counter() - tq
-                    engine.finish_bucket(b, db, ch.xfer[j, b], a, e, s, x, w, d)
+                db, xb = zeros[:, 0], 0.0
+                for b in range(nb + 1):
+                    engine.oracle_advance(b, db, xb, ch.opt[j], ch.fwd[j], ch.work[j], kp, kc,
+                                          ready, a, e, s, x, w, d)
+                    if b < nb:
+                        tq = time.perf_counter()
+                        db, xb = pol.oracle_delays(a[:, b]), ch.xfer[j, b]
+                        t_policy += time.perf_counter() - tq
                 out_active[k] = d.max(axis=0) > 0
             else:
                 delay = state.delay if policy == "gpupace" else zeros
@@ -162,11 +164,9 @@ def simulate(
             out_step[k] = step_us
             prev_x0 = x0
             origin += x[nb - 1]
-            spread = a.max(axis=0) - a.min(axis=0)
-            out_spread[k] = spread
-            site = int(np.argmax(spread))
-            out_early[k] = a[:, site].max() - a[:, site]
-            out_delay[k] = d.sum(axis=1)
+            engine.step_stats(a, d, out_spread[k], early, delay_sum)
+            out_early[k] = early
+            out_delay[k] = delay_sum
             if keep_sites:
                 site_w[k] = w
                 site_d[k] = d
