@@ -101,6 +101,7 @@ def plot_table(rows: list[dict[str, Any]], path: str | os.PathLike, title: str =
         ax.set_xlabel("nodes")
         ax.legend()
         ax.grid(True, alpha=0.3)
+    ax1.set_yscale("log", base=2)  # log-log: linear scaling is a straight line
     ax1.set_ylabel("throughput (samples/s)")
     ax2.set_ylabel("step-time CV")
     if title:
