@@ -87,6 +87,14 @@ def test_coupled_noisy_preset_gpupace_ge_none():
     assert gain_pct(paced, none) >= 0.0
 
 
+def test_oracle_delays_every_rank_to_the_last_arrival():
+    res = simulate(presets.amplification(1), "oracle", steps=60, seed=4, keep_sites=True)
+    w, d = res.site_wait_us, res.site_delay_us
+    early = (w + d) - (w + d).min(axis=1, keepdims=True)  # true earliness per step and site
+    np.testing.assert_allclose(d, early, atol=1e-6)
+    np.testing.assert_allclose(w.min(axis=1), w.max(axis=1))  # everyone enters together
+
+
 def test_same_seed_same_result_and_other_seed_differs():
     sc = presets.mixed(1)
     a = simulate(sc, "gpupace", steps=150, seed=7)

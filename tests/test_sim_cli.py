@@ -45,6 +45,9 @@ def test_cli_bad_parameter_is_one_clear_line(tmp_path, capsys):
     assert len(err) == 1 and "--nodes" in err[0] and "[1, 4096]" in err[0]
     rc = main(["simulate", "--preset", "quiet", "--nodes", "2", "--steps", "1"])
     assert rc == 2 and "steps" in capsys.readouterr().err
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "4096", "--steps", "100",
+               "--telemetry", str(tmp_path / "t.jsonl")])
+    assert rc == 2 and "--telemetry" in capsys.readouterr().err
 
 
 def test_telemetry_round_trip_matches_the_result(tmp_path):

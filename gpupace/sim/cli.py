@@ -19,7 +19,7 @@ from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import Scenario
-from .simulate import SimResult
+from .simulate import KEEP_SITES_LIMIT, SimResult
 from .table import finite, format_table, plot_table, scaling_table
 
 STUDY = ("study (PAPER.md): 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
@@ -77,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
         def make(n: int) -> Scenario:
             return get_preset(name, n, args.gpus_per_node)
-    make(max(nodes))  # validate the largest scenario before minutes of simulation
+    biggest = make(max(nodes))  # validate the largest scenario before minutes of simulation
+    if args.telemetry and args.steps * biggest.ranks * biggest.buckets > KEEP_SITES_LIMIT:
+        raise ValueError(
+            f"--telemetry needs steps x ranks x buckets <= {KEEP_SITES_LIMIT:,}, got "
+            f"{args.steps} x {biggest.ranks} x {biggest.buckets}; use fewer --steps or --nodes")
 
     tel = args.telemetry
     keep_last: dict[str, SimResult] = {}
