@@ -1,5 +1,6 @@
-"""Cost of one policy update (`gpupace.policy.update`, the NumPy reference every rank runs once
-per step on the gathered matrix) for world sizes 8 to 4096 and 1 to 16 sites.
+"""Cost of one policy update (`gpupace.policy.update`, which every rank runs once per step on
+the gathered matrix, and its NumPy twin `update_reference` where the module has one) for world
+sizes 8 to 4096 and 1 to 16 sites.
 
 Inputs look like a paced job: waits of a few hundred us with a few late ranks, so the spread
 stays above the threshold and the full path runs (floors, hysteresis on, clamps, the per-rank
@@ -12,6 +13,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,11 +38,25 @@ def policy_params(cfg, n_ranks: int):
     return policy.PolicyParams.from_config(cfg)
 
 
-def make_case(n_ranks: int, n_sites: int, seed: int = 0):
-    """Returns `step()`, one policy update on fresh inputs with the state carried over, and the
-    params; inputs are drawn up front so the timed call is the update alone."""
+def implementations() -> dict[str, Callable]:
+    """The update functions to time: `policy.update` (what the backends and the simulator
+    call) and, where the module keeps one, its NumPy twin `update_reference`."""
+    from gpupace import policy
+
+    impls = {"update": policy.update}
+    ref = getattr(policy, "update_reference", None)
+    if ref is not None and ref is not policy.update:
+        impls["update_reference"] = ref
+    return impls
+
+
+def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = None):
+    """Returns `step()`, one policy update (`fn`, default `policy.update`) on fresh inputs
+    with the state carried over, and the box holding the state; inputs are drawn up front so
+    the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
     from gpupace import PaceConfig, policy
 
+    fn = policy.update if fn is None else fn
     rng = np.random.default_rng(seed)
     params = policy_params(PaceConfig(mode="pace"), n_ranks)
     n_inputs = 64
@@ -54,7 +70,7 @@ def make_case(n_ranks: int, n_sites: int, seed: int = 0):
 
     def step() -> None:
         i = box["i"] % n_inputs
-        box["state"], _ = policy.update(params, box["state"], waits[i], delays[i], steps[i])
+        box["state"], _ = fn(params, box["state"], waits[i], delays[i], steps[i])
         box["i"] += 1
 
     for _ in range(params.warmup_steps + params.on_steps + 2):  # past warm-up, pacing on
@@ -65,24 +81,34 @@ def make_case(n_ranks: int, n_sites: int, seed: int = 0):
 def bench_policy(h: Harness) -> None:
     worlds, sites = (WORLDS, SITES) if h.quick else (WORLDS_FULL, SITES_FULL)
     reps, warm = (30, 5) if h.quick else (400, 30)
-    h.progress(f"policy.update, worlds {worlds}, sites {sites}")
-    med: dict[int, dict[int, float]] = {}
+    impls = implementations()
+    h.progress(f"policy {list(impls)}, worlds {worlds}, sites {sites}")
+    med: dict[str, dict[int, dict[int, float]]] = {k: {} for k in impls}
     active = {}
-    for s in sites:
-        med[s] = {}
-        for n in worlds:
-            step, box = make_case(n, s)
-            samples = time_calls(step, warmup=warm, repeats=reps)
-            row = h.record("policy_update", {"world": n, "sites": s}, samples)
-            med[s][n] = row["p50"]
-            active[f"{n}x{s}"] = bool(box["state"].active.any())
+    for name, fn in impls.items():
+        for s in sites:
+            med[name][s] = {}
+            for n in worlds:
+                step, box = make_case(n, s, fn=fn)
+                samples = time_calls(step, warmup=warm, repeats=reps)
+                case = {"impl": name, "world": n, "sites": s}
+                med[name][s][n] = h.record("policy_update", case, samples)["p50"]
+                active[f"{name} {n}x{s}"] = bool(box["state"].active.any())
     h.extras["policy_update"] = {
-        "p50_us": {f"{n}x{s}": med[s][n] for s in sites for n in worlds},
+        "impls": {k: f"{fn.__module__}.{fn.__qualname__}" for k, fn in impls.items()},
+        "p50_us": {f"{k} {n}x{s}": med[k][s][n] for k in impls for s in sites for n in worlds},
         "pacing_active_in_case": active,
     }
     if 4096 in worlds and 4 in sites:
-        v = med[4][4096]
-        c = h.check("policy update, 4096 ranks x 4 sites, p50", v, TARGET_US, "us", op="<")
+        v = med["update"][4][4096]
+        c = h.check(
+            "policy update (policy.update), 4096 ranks x 4 sites, p50",
+            v,
+            TARGET_US,
+            "us",
+            op="<",
+            detail=h.extras["policy_update"]["impls"]["update"],
+        )
         if not c.met:
             h.extras["policy_update_profile_4096x4"] = profile(4096, 4, 50 if h.quick else 300)
             h.progress("target missed: cProfile of 4096x4 kept in the JSON extras")
@@ -126,16 +152,27 @@ def reduction_layout(h: Harness, n_ranks: int, n_sites: int, reps: int) -> None:
         h.record("policy_update_parts", {"world": n_ranks, "sites": n_sites, "op": k}, v)
 
 
-def _draw(fig, worlds: list[int], sites: list[int], med: dict[int, dict[int, float]]) -> None:
+def _draw(fig, worlds: list[int], sites: list[int], med: dict) -> None:
     ax = fig.add_subplot(1, 1, 1)
-    for s in sites:
-        ax.plot(worlds, [med[s][n] for n in worlds], marker="o", label=f"{s} site(s)")
-    ax.axhline(TARGET_US, color="tab:red", lw=0.8, ls="--", label="target at 4096x4: 100 us")
+    colors = {}
+    for name, style in zip(med, ("-", "--"), strict=False):
+        for s in sites:
+            (line,) = ax.plot(
+                worlds,
+                [med[name][s][n] for n in worlds],
+                style,
+                marker="o",
+                ms=4,
+                color=colors.get(s),
+                label=f"{name}, {s} site(s)",
+            )
+            colors.setdefault(s, line.get_color())
+    ax.axhline(TARGET_US, color="tab:red", lw=0.8, ls=":", label="target at 4096x4: 100 us")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(worlds, [str(n) for n in worlds])
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("p50 time per update (us)")
-    ax.set_title("gpupace.policy.update (NumPy) per step")
-    ax.legend(fontsize=8)
+    ax.set_title("Policy update per step (gpupace.policy)")
+    ax.legend(fontsize=6.5, ncol=2)
     ax.grid(alpha=0.3, which="both")

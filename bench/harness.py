@@ -75,17 +75,23 @@ class Machine:
     date: str  # UTC, ISO 8601, when the run started
     load_avg: float
     note: str = ""
+    uncommitted: list[str] = field(default_factory=list)  # library files differing from HEAD
 
     @classmethod
     def probe(cls, note: str = "") -> Machine:
+        versions = library_versions()
+        sha, dirty = git_state()
+        if sha:
+            versions["git"] = sha + ("+uncommitted" if dirty else "")
         return cls(
             cpu=cpu_name(),
             cores=os.cpu_count() or 0,
             gpu=gpu_name(),
-            versions=library_versions(),
+            versions=versions,
             date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
             note=note,
+            uncommitted=dirty,
         )
 
     def slug(self, suite: str) -> str:
@@ -133,10 +139,38 @@ def library_versions() -> dict[str, str]:
         if torch.version.cuda:
             out["cuda"] = str(torch.version.cuda)
             if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
-                out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+                v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in old ones
+                out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:  # noqa: BLE001 - versions are informative, never fatal
         pass
     return out
+
+
+def git_state() -> tuple[str, list[str]]:
+    """The checkout's commit and the library files (gpupace/, kernels/) that differ from it,
+    so a result can be traced to the code it measured; ("", []) outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", "gpupace", "kernels"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "", []
+    dirty = [line[3:] for line in status.splitlines() if line[3:].endswith(".py")]
+    return sha, dirty
 
 
 def _slugify(text: str) -> str:
@@ -371,6 +405,8 @@ class Harness:
         ]
         if m.note:
             lines.append(f"- Note: {m.note}")
+        if m.uncommitted:
+            lines.append(f"- Measured with uncommitted changes to: {', '.join(m.uncommitted)}")
         lines.append(
             "- Every figure is a quantile over the n samples of its row; "
             "times in microseconds unless the unit says otherwise."
