@@ -20,10 +20,10 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import PaceConfig
+from .policy_fast import ABSURD_US, fused_update
 
 MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
-# A wait, delay or step of more than 1000 s is a broken clock or a corrupted row, not a measurement.
-ABSURD_US = 1e9
+FUSED_MIN_ELEMENTS = 256
 
 
 class PolicyParams(NamedTuple):
@@ -117,16 +117,46 @@ def update(
 ) -> tuple[PolicyState, StepStats]:
     """One step of estimator and control law. Pure: `state` is not modified. Never raises on
     bad measurements: a rank with a non-finite, negative or absurd value gets its state reset
-    and zero delay. Raises ValueError only for shapes that do not match the state."""
+    and zero delay. Raises ValueError only for shapes that do not match the state.
+    From 256 ranks x sites on, runs the fused Numba loop of `policy_fast` (measured at 4096 x
+    4: ~0.15 ms against ~2 ms for NumPy, 2-core VM); below, the NumPy `update_reference`, which
+    is the same arithmetic and spares small jobs Numba's compile (seconds, once per machine)."""
+    if state.floor.size < FUSED_MIN_ELEMENTS:
+        return update_reference(params, state, wait, delay, step_us)
+    w, d, step_us = _inputs(state, wait, delay, step_us)
+    (earliness, spread, residual, straggler, transfer, valid, cap, next_delay,
+     floor, calm, active, above, below, step_count) = fused_update(
+        *params, state.floor, state.calm, state.active, state.above, state.below, state.step,
+        w, d, step_us)
+    new_state = PolicyState(floor=floor, calm=calm, delay=next_delay, active=active,
+                            above=above, below=below, step=step_count)
+    stats = StepStats(earliness=earliness, spread=spread, residual=residual,
+                      straggler=straggler, transfer=transfer, valid=valid, cap_us=float(cap),
+                      delay=next_delay, active=active)
+    return new_state, stats
+
+
+def _inputs(state: PolicyState, wait, delay, step_us) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     n, s = state.shape
-    w = np.asarray(wait, dtype=np.float64).reshape(n, s) if np.size(wait) == n * s else None
-    d = np.asarray(delay, dtype=np.float64).reshape(n, s) if np.size(delay) == n * s else None
-    if w is None or d is None or np.size(step_us) != n:
+    if np.size(wait) != n * s or np.size(delay) != n * s or np.size(step_us) != n:
         raise ValueError(
             f"expected wait and delay of {n}x{s} and step_us of {n}, got sizes "
             f"{np.size(wait)}, {np.size(delay)}, {np.size(step_us)}"
         )
-    step_us = np.asarray(step_us, dtype=np.float64).reshape(n)
+    as2d = lambda a: np.ascontiguousarray(a, dtype=np.float64).reshape(n, s)  # noqa: E731
+    return as2d(wait), as2d(delay), np.ascontiguousarray(step_us, dtype=np.float64).reshape(n)
+
+
+def update_reference(
+    params: PolicyParams,
+    state: PolicyState,
+    wait: np.ndarray,
+    delay: np.ndarray,
+    step_us: np.ndarray,
+) -> tuple[PolicyState, StepStats]:
+    """The reference: `update` written in NumPy, for reading and for tests."""
+    n, s = state.shape
+    w, d, step_us = _inputs(state, wait, delay, step_us)
 
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(w) & np.isfinite(d) & (w >= 0) & (d >= 0) & (w < ABSURD_US) & (d < ABSURD_US)
@@ -147,7 +177,8 @@ def update(
         spread = np.full(s, np.nan)
         straggler = np.full(s, -1, dtype=np.int64)
         residual = np.full(s, np.nan)
-        transfer = np.where(valid[:, None], w, np.nan).min(axis=0) if n_valid else np.full(s, np.nan)
+        transfer = np.nanmin(np.where(valid[:, None], w, np.nan), axis=0) if n_valid \
+            else np.full(s, np.nan)
 
     step_count = state.step + 1
     warming = step_count <= params.warmup_steps

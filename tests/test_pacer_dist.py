@@ -37,7 +37,7 @@ def _paced_equals_plain(rank, world):
 
 def test_paced_collectives_give_the_same_numbers_and_delay_early_ranks():
     results = run_ranks(_paced_equals_plain, 3)
-    for rank, (checks, summary, delays, names) in enumerate(results):
+    for rank, (checks, summary, _, names) in enumerate(results):
         assert all(all(c) for c in checks), f"rank {rank}: paced result differs"
         assert summary["world_size"] == 3 and summary["sites"] == 3
         assert names == ["all_reduce", "explicit", "all_reduce"]
@@ -105,9 +105,9 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
     path = str(tmp_path / "ddp.jsonl")
     plain = run_ranks(_ddp_run, 2, False, None)
     paced = run_ranks(_ddp_run, 2, True, path)
-    for (p_plain, _), (p_paced, n_sites) in zip(plain, paced):
+    for (p_plain, _), (p_paced, n_sites) in zip(plain, paced, strict=True):
         assert n_sites >= 2
-        for a, b in zip(p_plain, p_paced):
+        for a, b in zip(p_plain, p_paced, strict=True):
             torch.testing.assert_close(a, b)
     tel = read_telemetry(path)
     assert tel.header["world_size"] == 2 and len(tel.records) == 8 and not tel.skipped

@@ -7,7 +7,17 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from gpupace import PaceConfig
-from gpupace.policy import Controller, PolicyParams, init_state, oracle_delays, update
+from gpupace.policy import (
+    Controller,
+    PolicyParams,
+    PolicyState,
+    StepStats,
+    init_state,
+    oracle_delays,
+    update,
+    update_reference,
+)
+from gpupace.policy_fast import fused_update
 
 PACE = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, off_steps=3, holdoff_factor=0.0,
                   threshold_us=100.0, release_us=50.0)
@@ -157,7 +167,6 @@ def test_random_stragglers_yield_near_zero_delays(n):
     for _ in range(600):
         arrival = rng.normal(0, 100, n)
         arrival[rng.integers(n)] += rng.pareto(1.5) * 2000 + 1000  # a random straggler
-        natural_early = arrival.max() - arrival
         entry = arrival + delay[:, 0]
         cost.append(entry.max() - arrival.max())  # what the delays added to the step
         wait = (entry.max() + 100.0 - entry)[:, None]
@@ -201,3 +210,52 @@ def test_oracle():
     a = np.array([0.0, 300.0, 1000.0])
     np.testing.assert_allclose(oracle_delays(a, guard_us=10.0), [990.0, 690.0, 0.0])
     np.testing.assert_allclose(oracle_delays(a, cap_us=500.0), [500.0, 500.0, 0.0])
+
+
+def fused(params, state, w, d, step_us):
+    (earliness, spread, residual, straggler, transfer, valid, cap, delay, floor, calm, active,
+     above, below, step) = fused_update(*params, state.floor, state.calm, state.active,
+                                        state.above, state.below, state.step, w, d, step_us)
+    stats = StepStats(earliness=earliness, spread=spread, residual=residual,
+                      straggler=straggler, transfer=transfer, valid=valid, cap_us=cap,
+                      delay=delay, active=active)
+    return PolicyState(floor, calm, delay, active, above, below, step), stats
+
+
+def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
+    rng = np.random.default_rng(0)
+    params = PolicyParams.from_config(PACE, 128)
+    w, d = rng.uniform(0, 3000, (128, 4)), np.zeros((128, 4))
+    a = update(params, init_state(128, 4), w, d, np.full(128, 1e4))  # 512 elements: fused
+    b = update_reference(params, init_state(128, 4), w, d, np.full(128, 1e4))
+    np.testing.assert_allclose(a[1].spread, b[1].spread)
+    np.testing.assert_allclose(a[0].floor, b[0].floor)
+
+
+any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 7), s=st.integers(1, 3), steps=st.integers(1, 15), data=st.data(),
+       mode=st.sampled_from(["pace", "observe", "off"]), warmup=st.integers(0, 3),
+       holdoff=st.sampled_from([0.0, 1.0, 5.0]))
+def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup, holdoff):
+    """`update` takes the fused Numba loop only for large matrices: call it directly here."""
+    cfg = PaceConfig(mode=mode, warmup_steps=warmup, holdoff_factor=holdoff, on_steps=1,
+                     off_steps=2, threshold_us=100.0, release_us=50.0)
+    params = PolicyParams.from_config(cfg, n)
+    fast = ref = init_state(n, s)
+    for _ in range(steps):
+        w = data.draw(arrays(np.float64, (n, s), elements=any_us))
+        d = data.draw(arrays(np.float64, (n, s), elements=st.one_of(st.just(0.0), finite_us)))
+        step = data.draw(arrays(np.float64, n, elements=st.one_of(finite_us, st.just(np.nan))))
+        fast, a = fused(params, fast, w, d, step)
+        ref, b = update_reference(params, ref, w, d, step)
+        for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
+                     "delay", "active"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
+                                       atol=1e-9, err_msg=name)
+        assert a.cap_us == pytest.approx(b.cap_us)
+        for name in ("floor", "calm", "above", "below", "step"):
+            np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
+                                       err_msg=name)
