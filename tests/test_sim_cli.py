@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpupace.cli import main
-from gpupace.sim import fit_telemetry, presets, simulate, write_telemetry
+from gpupace.sim import fit_telemetry, labelled_telemetry, presets, simulate, write_telemetry
 from gpupace.telemetry import read_telemetry, summarize
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,3 +95,12 @@ def test_fit_reads_jitter_as_noise(tmp_path):
     fit = fit_telemetry(write_telemetry(res, tmp_path / "j.jsonl"))
     assert 0.003 < fit.noise_sigma < 0.03  # the preset's 0.01, seen through one site
     assert max(fit.offsets_us) < 300.0  # no fixed offsets
+
+
+@pytest.mark.parametrize("mode", ["quiet", "jitter", "locality", "fabric", "amplification"])
+def test_labelled_telemetry_one_mode_per_file(tmp_path, mode):
+    t = read_telemetry(labelled_telemetry(mode, tmp_path / f"{mode}.jsonl", nodes=1, steps=40))
+    assert t.header["label"] == mode and t.header["sim"]["preset"] == mode
+    assert len(t.records) == 40 and t.header["world_size"] == 8
+    if mode != "quiet":
+        assert mode in t.header["sim"]["failure_modes"]

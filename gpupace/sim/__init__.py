@@ -13,12 +13,13 @@ Modules: `scenario` (parameters and sources), `fabric` (all-reduce time and cont
 
 from .calibrate import TelemetryFit, fit_telemetry
 from .presets import PRESETS, get_preset
-from .records import sim_header, to_records, write_telemetry
+from .records import labelled_telemetry, sim_header, to_records, write_telemetry
 from .scenario import Scenario
 from .simulate import POLICIES, SimResult, simulate
 from .table import scaling_table
 
 __all__ = [
     "POLICIES", "PRESETS", "Scenario", "SimResult", "TelemetryFit", "fit_telemetry",
-    "get_preset", "scaling_table", "sim_header", "simulate", "to_records", "write_telemetry",
+    "get_preset", "labelled_telemetry", "scaling_table", "sim_header", "simulate", "to_records",
+    "write_telemetry",
 ]

@@ -1,12 +1,19 @@
 """Simulated runs as telemetry: the same JSON-lines format as `Pacer`, header source "sim".
 
 Every tool that reads a real run reads a simulated one. Each single-mode preset
-(`gpupace.sim.presets`) gives a file with one known failure mode: the header's `sim` entry
-names it (`failure_modes`), with the preset, policy, seed, scenario and the slow ranks.
+(`gpupace.sim.presets`: quiet, jitter, locality, fabric, amplification) gives a file with one
+known failure mode: the header's `label` is the preset's name, and its `sim` entry holds the
+ground truth: preset, policy, seed, scenario, slow ranks, and `failure_modes`, every
+mechanism switched on (amplification's random stragglers also count as "jitter").
+
+    from gpupace.sim import labelled_telemetry
+    labelled_telemetry("locality", "locality.jsonl", nodes=2, steps=400, seed=1)
+
+or, with control over the scenario:
 
     from gpupace.sim import presets, simulate, write_telemetry
     res = simulate(presets.locality(nodes=4), policy="none", steps=500, seed=1)
-    write_telemetry(res, "locality.jsonl")     # header["sim"]["failure_modes"] == ["locality"]
+    write_telemetry(res, "locality.jsonl")     # header["sim"]["slow_ranks"] == [6, 7, 14, ...]
 """
 
 from __future__ import annotations
@@ -76,3 +83,16 @@ def write_telemetry(result: SimResult, path: str | os.PathLike, *, label: str | 
     finally:
         writer.close()
     return Path(path)
+
+
+def labelled_telemetry(preset: str, path: str | os.PathLike, *, nodes: int = 2,
+                       gpus_per_node: int = 8, steps: int = 400, seed: int = 0,
+                       policy: str = "none") -> Path:
+    """Simulates preset `preset` (see `gpupace.sim.presets.PRESETS`) and writes its telemetry
+    to `path`, labelled with the preset's name: test data with a known failure mode."""
+    from .presets import get_preset
+    from .simulate import simulate
+
+    res = simulate(get_preset(preset, nodes, gpus_per_node), policy, steps=steps, seed=seed,
+                   keep_sites=True)
+    return write_telemetry(res, path)
