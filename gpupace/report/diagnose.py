@@ -1,0 +1,386 @@
+"""Failure-mode diagnosis: splits the time a run lost against an ideal step between the
+study's four failure modes, each with a share, a confidence, its evidence and its ranks.
+
+Method (all from the clock-free telemetry; times in us):
+- Ideal step: the 5th percentile of the measured step times (the fastest step the job
+  repeats, not one lucky step), less the steady offset of persistently late ranks, which
+  every step pays so no percentile removes it. Lost time = sum over steps of
+  (step time - ideal).
+- locality: per step, each rank's lateness behind the median rank; a rank late by a steady
+  offset in most steps is a locality rank. Every step loses the largest such offset.
+- The rest of each step's excess over the 5th percentile is split in proportion to the
+  arrival spread's excess over its own 5th percentile and the transfer time's excess over
+  its own, and the part not explained by either is left unattributed.
+  - spread part: on the ordinary steps it is sync_amplification (random late ranks that
+    every rank waits for); on spike steps (excess beyond q75 + 3 IQR, Tukey's far out) it
+    is runtime_jitter (heavy-tailed stalls), except a fraction equal to the coupling index
+    (how much the spread shrinks from the first site to the later ones: waiting ranks
+    slowed down, so a stall's cost was amplified), which goes to sync_amplification.
+  - transfer part: when the transfer time switches between two separated levels (a
+    communication-bound regime), the jump between levels is runtime_jitter; the rest, and
+    all of it otherwise, is fabric_contention.
+- Confidence = how well the mode's signature holds (rotation of the late rank; a steady
+  offset; transfer varying, correlated in time and independent of arrivals; heavy tail or
+  regimes) x enough steps x a share worth naming. Below 0.3, or when the run lost under
+  0.5% of its ideal time, the verdict is "not enough evidence".
+Limits: transfer time is one number per collective (the slowest link sets it for every
+rank), so fabric contention cannot be tied to a node group from one job's telemetry;
+spread growing with world size needs runs at several sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .load import Run
+
+MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
+ACTIONS = {
+    "sync_amplification": "pace the early ranks (gpupace PaceConfig(mode='pace')): a different "
+    "rank is late each step and every rank waits for it",
+    "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of ranks {ranks} "
+    "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
+    "fabric_contention": "look at the topology: congested links or switches (oversubscribed "
+    "uplinks, other jobs on the same leaf); topology-aware placement, NCCL algorithm/channel "
+    "tuning",
+    "runtime_jitter": "find the noisy service: heavy-tailed stalls or regime switches come from "
+    "the runtime (OS daemons, allocator, kernel launches, data loading); isolate cores, "
+    "pre-allocate memory, capture CUDA graphs",
+}
+MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
+FULL_STEPS = 200  # steps for full confidence
+MIN_LOST = 0.005  # fraction of the ideal time below which nothing is worth naming
+MIN_CONFIDENCE = 0.3
+LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
+SPIKE_IQR = 3.0
+
+
+@dataclass(slots=True)
+class ModeFinding:
+    """One failure mode's part of the lost time."""
+
+    mode: str
+    share: float  # of the run's lost time, 0..1
+    confidence: float  # 0..1
+    evidence: dict[str, Any]
+    ranks: list[int]
+    verdict: str = "not enough evidence"  # "likely", "possible" or "not enough evidence"
+    action: str = ""
+    lost_us: float = 0.0  # total over the run
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    """A run's diagnosis: the lost-time summary and one finding per mode, by share."""
+
+    summary: dict[str, Any]
+    modes: list[ModeFinding] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": _clean(self.summary), "modes": [_clean(asdict(m)) for m in self.modes]}
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, NumPy scalars -> Python, rounded floats."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return round(v, 4) if math.isfinite(v) else None
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def _p(a: np.ndarray, q: float) -> float:
+    a = a[np.isfinite(a)]
+    return float(np.percentile(a, q)) if a.size else 0.0
+
+
+def locality_offsets(run: Run) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per rank: steady lateness behind the median rank (median over steps, us), the fraction
+    of steps it is late by at least half of that, and the noise of lateness (us, robust)."""
+    e = run.earliness
+    n = e.shape[1]
+    ok = np.isfinite(e).all(axis=1)
+    e = e[ok]
+    if e.shape[0] == 0 or n < 2:
+        return np.zeros(n), np.zeros(n), 0.0
+    # With 2 ranks the median is the mean and would halve an offset: compare with the earliest.
+    ref = np.median(e, axis=1, keepdims=True) if n > 2 else e.max(axis=1, keepdims=True)
+    late = ref - e
+    offset = np.median(late, axis=0)
+    consistency = np.mean(late >= 0.5 * offset[None, :], axis=0)
+    noise = float(np.median(np.median(np.abs(late - offset[None, :]), axis=0))) * 1.4826
+    return offset, consistency, noise
+
+
+def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, float]]:
+    """Two-level split of the transfer time (Otsu): a regime switch when the levels are far
+    apart compared with the spread inside each and the high level is neither rare nor usual."""
+    x = np.where(np.isfinite(x), x, np.nanmedian(x) if np.isfinite(x).any() else 0.0)
+    hi = np.zeros(x.size, dtype=bool)
+    info = {"separation": 0.0, "high_fraction": 0.0, "level_gap_us": 0.0}
+    if x.size < MIN_STEPS or np.ptp(x) <= 0:
+        return False, hi, info
+    xs = np.sort(x)
+    best, cut = -1.0, xs[0]
+    for c in np.unique(np.percentile(xs, np.linspace(2, 98, 97))):
+        lo_m, hi_m = xs <= c, xs > c
+        if lo_m.sum() < 2 or hi_m.sum() < 2:
+            continue
+        w0, w1 = lo_m.mean(), hi_m.mean()
+        between = w0 * w1 * (xs[lo_m].mean() - xs[hi_m].mean()) ** 2
+        if between > best:
+            best, cut = between, c
+    hi = x > cut
+    if hi.sum() < 2 or (~hi).sum() < 2:
+        return False, np.zeros(x.size, dtype=bool), info
+    gap = float(x[hi].mean() - x[~hi].mean())
+    within = math.sqrt(0.5 * (x[hi].var() + x[~hi].var())) + 1e-9 * abs(gap) + 1e-12
+    sep = gap / within
+    frac = float(hi.mean())
+    info = {"separation": sep, "high_fraction": frac, "level_gap_us": gap,
+            "low_level_us": float(x[~hi].mean())}
+    return bool(sep >= 6.0 and 0.02 <= frac <= 0.6), hi, info
+
+
+def coupling_index(run: Run) -> float:
+    """How much the arrival spread shrinks from the first site to the later ones, 0..1:
+    1 - (median spread over the later half of the sites) / (median spread at the first).
+    Without coupling a late rank stays late through the step (noise even widens the spread);
+    when waiting slows a rank's overlapped compute (NCCL kernels spinning on SMs), the early
+    ranks fall back and the spread shrinks. 0 with fewer than 3 sites (no evidence)."""
+    ss = run.site_spread
+    if ss.shape[1] < 3:
+        return 0.0
+    med = np.nanmedian(ss, axis=0)
+    if not np.isfinite(med[0]) or med[0] <= 0:
+        return 0.0
+    later = float(np.nanmedian(med[ss.shape[1] // 2:]))
+    return float(np.clip(1.0 - later / med[0], 0.0, 1.0))
+
+
+def aligned_spread(run: Run) -> np.ndarray:
+    """The arrival spread each step time saw. A step time is the exit-to-exit interval of the
+    first site, so step k's window holds sites 1.. of step k-1 and site 0 of step k; a late
+    arrival there is what lengthens it. Falls back to the step's own largest spread when the
+    records have no per-site spreads."""
+    ss = run.site_spread
+    spread = np.nan_to_num(run.spread, nan=0.0)
+    if ss.shape[1] == 0 or not np.isfinite(ss).any():
+        return spread
+    ss = np.nan_to_num(ss, nan=0.0)
+    out = ss[:, 0].copy()
+    if ss.shape[1] > 1:
+        out[1:] = np.maximum(out[1:], ss[:-1, 1:].max(axis=1))
+    return out
+
+
+def aligned_transfer(run: Run) -> np.ndarray:
+    """The transfer time each step time saw: the mean of this step's and the previous one's
+    (only one transfer figure per step is recorded, at its site of largest spread)."""
+    x = run.transfer.astype(np.float64)
+    fill = float(np.nanmedian(x)) if np.isfinite(x).any() else 0.0
+    x = np.where(np.isfinite(x), x, fill)
+    out = x.copy()
+    out[1:] = 0.5 * (x[1:] + x[:-1])
+    return out
+
+
+def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Non-negative least squares y ~ alpha a + beta b (no intercept): how many us of step
+    time one us of spread and of transfer excess cost (a transfer on every bucket of a
+    communication-bound step costs several times its one recorded figure)."""
+    def one(x: np.ndarray) -> float:
+        d = float(x @ x)
+        return max(0.0, float(x @ y) / d) if d > 0 else 0.0
+    m = np.stack([a, b], axis=1)
+    try:
+        coef = np.linalg.lstsq(m, y, rcond=None)[0]
+    except np.linalg.LinAlgError:
+        coef = np.array([-1.0, -1.0])
+    if coef[0] >= 0 and coef[1] >= 0:
+        alpha, beta = float(coef[0]), float(coef[1])
+    else:
+        fa, fb = one(a), one(b)
+        ra, rb = np.sum((y - fa * a) ** 2), np.sum((y - fb * b) ** 2)
+        alpha, beta = (fa, 0.0) if ra <= rb else (0.0, fb)
+    if alpha == 0.0 and beta == 0.0:  # nothing fits: weigh the two excesses as they are
+        return 1.0, 1.0
+    return alpha, beta
+
+
+def _entropy(counts: np.ndarray) -> float:
+    """Normalised entropy of a histogram: 1 when every rank is equally often late."""
+    c = counts[counts > 0].astype(np.float64)
+    if c.size < 2:
+        return 0.0
+    p = c / c.sum()
+    return float(-(p * np.log(p)).sum() / math.log(min(counts.size, int(counts.sum()))))
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    if a.size < 3 or np.std(a) == 0 or np.std(b) == 0:
+        return 0.0
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def diagnose(run: Run) -> Diagnosis:
+    """The diagnosis of one run. Never raises on odd data: too little of it gives
+    "not enough evidence" everywhere, with the reason in the summary."""
+    st_all = run.step_time
+    ok = np.isfinite(st_all) & (st_all > 0)
+    n = int(ok.sum())
+    summary: dict[str, Any] = {"label": run.label, "steps": run.steps, "measured_steps": n,
+                               "world_size": run.world_size, "skipped_lines": len(run.skipped)}
+    if n < MIN_STEPS:
+        summary["note"] = f"only {n} measured steps (need {MIN_STEPS}): not enough evidence"
+        return Diagnosis(summary, [ModeFinding(m, 0.0, 0.0, {}, [], action=_action(m, []))
+                                   for m in MODES])
+    st = st_all[ok]
+    spread_raw, xfer_raw = aligned_spread(run), aligned_transfer(run)
+    spread = spread_raw[ok]
+    xfer = xfer_raw[ok]
+    strag = run.straggler[ok]
+
+    # -- locality: steady offsets
+    offset, consistency, noise = locality_offsets(run)
+    p50 = float(np.median(st))
+    # An offset must stand out of its median's standard error (1.25 sigma / sqrt n) and matter.
+    floor = max(5.0 * 1.25 * noise / math.sqrt(n), 0.002 * p50)
+    loc_mask = (offset > floor) & (consistency >= LOCALITY_CONSISTENCY)
+    loc_ranks = [int(r) for r in np.argsort(-offset) if loc_mask[r]]
+    loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
+
+    # -- ideal and lost time
+    p5 = _p(st, 5)
+    ideal = p5 - loc_us
+    excess = np.maximum(st - p5, 0.0)
+    lost_total = float(excess.sum() + n * loc_us)
+    summary.update(ideal_step_us=ideal, p5_step_us=p5, median_step_us=p50,
+                   lost_us=lost_total, lost_fraction=lost_total / (n * ideal) if ideal > 0 else 0.0)
+
+    # -- split each step's excess between the spread and the transfer
+    a = np.maximum(spread - _p(spread, 5), 0.0)
+    b = np.maximum(xfer - _p(xfer, 5), 0.0)
+    alpha, beta = _nnls2(a, b, excess)
+    a_w, b_w = alpha * a, beta * b
+    ab = a_w + b_w
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread_part = np.where(ab > 0, excess * a_w / ab, 0.0)
+        xfer_part = np.where(ab > 0, excess * b_w / ab, 0.0)
+    unexplained = float(np.where(ab > 0, 0.0, excess).sum())
+
+    q25, q75 = np.percentile(excess, [25, 75])
+    spike_thr = q75 + SPIKE_IQR * (q75 - q25)
+    spike = excess > max(spike_thr, 0.01 * p50)
+    body = ~spike
+
+    # Regimes are found on the recorded transfer (two clean levels); a step time whose
+    # window touches a high step gets the jump between the levels.
+    regime, hi_raw, reg_info = _regimes(run.transfer)
+    hi_raw = np.where(np.isfinite(run.transfer), hi_raw, False)
+    hi = hi_raw.copy()
+    hi[1:] |= hi_raw[:-1]
+    hi = hi[ok]
+    if regime:
+        jump = np.where(hi, np.minimum(reg_info["level_gap_us"], b), 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            jit_frac = np.where(b > 0, jump / b, 0.0)
+    else:
+        jit_frac = np.zeros(n)
+
+    coupling = coupling_index(run)
+    spike_loss = float(spread_part[spike].sum())
+    lost = {
+        "locality": n * loc_us,
+        "sync_amplification": float(spread_part[body].sum()) + coupling * spike_loss,
+        "runtime_jitter": (1.0 - coupling) * spike_loss + float((xfer_part * jit_frac).sum()),
+        "fabric_contention": float((xfer_part * (1.0 - jit_frac)).sum()),
+    }
+    summary["unattributed_us"] = unexplained
+    summary["unattributed_share"] = unexplained / lost_total if lost_total > 0 else 0.0
+    size = min(1.0, n / FULL_STEPS)
+
+    # -- signatures and evidence
+    late_steps = body & (a > 0)
+    hist_body = np.bincount(strag[late_steps & (strag >= 0)], minlength=run.world_size)
+    rotation = _entropy(hist_body)
+    top_share = float(hist_body.max() / hist_body.sum()) if hist_body.sum() else 0.0
+    # The most often late ranks, leaving out locality ranks (late for another reason).
+    amp_ranks = [int(r) for r in np.argsort(-hist_body) if hist_body[r] > 0
+                 and r not in loc_ranks][:5]
+    amp_sig = rotation * (1.0 - max(0.0, top_share - 0.5))
+    amp_ev = {"late_rank_rotation": rotation, "top_late_rank_fraction": top_share,
+              "coupling_index": coupling, "spike_loss_shared_us": coupling * spike_loss,
+              "steps_with_spread_excess": int(late_steps.sum()),
+              "spread_p50_us": _p(spread, 50), "spread_p99_us": _p(spread, 99),
+              "spread_over_step_p50": _p(spread, 50) / p50}
+
+    loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
+    if loc_ranks:
+        loc_sig *= min(1.0, offset[loc_ranks[0]] / (3.0 * floor))
+    loc_ev = {"offset_us": {str(r): float(offset[r]) for r in loc_ranks[:16]},
+              "late_in_fraction_of_steps": {str(r): float(consistency[r]) for r in loc_ranks[:16]},
+              "lateness_noise_us": noise, "locality_ranks": len(loc_ranks)}
+
+    xcv = float(np.std(xfer) / np.mean(xfer)) if np.mean(xfer) > 0 else 0.0
+    xac = _corr(xfer[:-1], xfer[1:])
+    calm = 1.0 - max(0.0, _corr(xfer, spread))
+    fab_sig = min(1.0, xcv / 0.05) * max(0.0, xac) * calm
+    fab_ev = {"transfer_cv": xcv, "transfer_lag1_autocorrelation": xac,
+              "transfer_spread_correlation": _corr(xfer, spread),
+              "transfer_p5_us": _p(xfer, 5), "transfer_p99_us": _p(xfer, 99),
+              "node_group_correlation": None,
+              "node_group_note": "transfer time is one number per collective in the telemetry; "
+              "no per-node figure to correlate"}
+
+    tail = (_p(st, 99) - p50) / max(q75 - q25, 1e-9 * p50, 1e-9)
+    spike_share = (1.0 - coupling) * spike_loss / lost["runtime_jitter"] \
+        if lost["runtime_jitter"] > 0 else 0.0
+    jit_sig = max(min(1.0, max(0.0, tail - 3.0) / 6.0) if spike.any() else 0.0,
+                  1.0 if regime else 0.0)
+    jit_hist = np.bincount(strag[spike & (a > 0) & (strag >= 0)], minlength=run.world_size)
+    jit_ranks = [int(r) for r in np.argsort(-jit_hist)[:5] if jit_hist[r] > 0]
+    jit_ev = {"spike_steps": int(spike.sum()), "spike_threshold_us": float(spike_thr + p5),
+              "step_p99_over_p50": _p(st, 99) / p50, "tail_ratio_p99_iqr": tail,
+              "step_max_us": float(st.max()), "regime_switching": regime,
+              "regime_high_fraction": reg_info["high_fraction"],
+              "regime_level_gap_us": reg_info["level_gap_us"],
+              "regime_separation": reg_info["separation"],
+              "spike_part_of_jitter": spike_share}
+
+    sigs = {"sync_amplification": (amp_sig, amp_ev, amp_ranks),
+            "locality": (loc_sig, loc_ev, loc_ranks),
+            "fabric_contention": (fab_sig, fab_ev, []),
+            "runtime_jitter": (jit_sig, jit_ev, jit_ranks)}
+    worth = summary["lost_fraction"] >= MIN_LOST
+    if not worth:
+        summary["note"] = (f"lost {100 * summary['lost_fraction']:.2f}% of the ideal time "
+                           f"(< {100 * MIN_LOST:.1f}%): nothing worth diagnosing")
+    findings = []
+    for mode in MODES:
+        sig, ev, ranks = sigs[mode]
+        share = lost[mode] / lost_total if lost_total > 0 else 0.0
+        ev = dict(ev, lost_us_per_step=lost[mode] / n)
+        conf = float(np.clip(sig, 0, 1) * size * min(1.0, share / 0.1)) if worth else 0.0
+        verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
+                   else "not enough evidence")
+        findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict,
+                                    _action(mode, ranks), lost[mode]))
+    findings.sort(key=lambda f: (-f.share, MODES.index(f.mode)))
+    return Diagnosis(summary, findings)
+
+
+def _action(mode: str, ranks: list[int]) -> str:
+    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+    return ACTIONS[mode].format(ranks=shown or "(none named)")

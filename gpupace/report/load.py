@@ -1,0 +1,202 @@
+"""Loads telemetry files for the report: one `Run` per run, its records as NumPy arrays.
+
+Several files can describe one run: a `Pacer` with "{rank}" in its telemetry path writes one
+file per rank, and each holds every rank's gathered rows, so the report reads the lowest
+rank's file and lists the others. Files from different runs (a baseline and a paced run, a
+real job and a simulated one) stay separate runs, in the order given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..telemetry import StepRecord, read_telemetry
+
+# Files at least this large get a heartbeat on stderr while they are read.
+PROGRESS_BYTES = 5_000_000
+
+Progress = Callable[[str], None]
+
+
+def stderr_progress(message: str) -> None:
+    """The default progress sink: one line on stderr."""
+    print(f"gpupace report: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Run:
+    """One run's telemetry as arrays. Times in us; per-rank arrays are [steps, ranks], padded
+    with NaN where a record holds fewer ranks than the run's world size."""
+
+    label: str
+    path: Path
+    header: dict[str, Any]
+    world_size: int
+    skipped: list[str]
+    other_files: list[Path]  # further rank files of this run, not read (same rows)
+    step: np.ndarray
+    time_s: np.ndarray
+    step_time: np.ndarray
+    spread: np.ndarray
+    residual: np.ndarray
+    transfer: np.ndarray
+    straggler: np.ndarray  # int, -1 when unknown
+    active: np.ndarray  # bool
+    earliness: np.ndarray
+    wait: np.ndarray
+    delay: np.ndarray
+    site_spread: np.ndarray  # [steps, sites]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return int(self.step.size)
+
+    @property
+    def mode(self) -> str:
+        """The pacing mode from the header's config ("observe", "pace", ...), or ""."""
+        cfg = self.header.get("config") or {}
+        return str(cfg.get("mode", "")) if isinstance(cfg, dict) else ""
+
+    @property
+    def gpus_per_node(self) -> int | None:
+        """Ranks per node when the header says (the simulator's scenario, or a
+        `gpus_per_node` entry a job added), else None."""
+        sim = self.header.get("sim") or {}
+        g = (sim.get("scenario") or {}).get("gpus_per_node") if isinstance(sim, dict) else None
+        g = g if g is not None else self.header.get("gpus_per_node")
+        return int(g) if isinstance(g, (int, float)) and g >= 1 else None
+
+    @property
+    def samples_per_step(self) -> float | None:
+        """Samples per step when the header says, else None (throughput is then steps/s)."""
+        v = self.header.get("samples_per_step")
+        if isinstance(v, (int, float)) and v > 0:
+            return float(v)
+        sc = (self.header.get("sim") or {}).get("scenario") or {}
+        if isinstance(sc.get("samples_per_rank"), (int, float)):
+            return float(sc["samples_per_rank"]) * self.world_size
+        return None
+
+
+def _matrix(rows: list[list[float]], width: int) -> np.ndarray:
+    out = np.full((len(rows), width), np.nan)
+    for k, row in enumerate(rows):
+        n = min(len(row), width)
+        if n:
+            out[k, :n] = np.asarray(row[:n], dtype=np.float64)
+    return out
+
+
+def to_run(label: str, path: Path, header: dict[str, Any], records: list[StepRecord],
+           skipped: list[str], other_files: Sequence[Path] = ()) -> Run:
+    """Arrays from records. Raises ValueError when no step record could be read."""
+    if not records:
+        why = f"; {len(skipped)} lines skipped, first: {skipped[0]}" if skipped else ""
+        raise ValueError(f"{path}: no step records{why}")
+    records = sorted(records, key=lambda r: r.step)
+    world = int(header.get("world_size") or 0)
+    world = max(world, max(len(r.earliness_us) for r in records),
+                max(len(r.wait_us) for r in records))
+    sites = max((len(r.site_spread_us) for r in records), default=0)
+
+    def col(name: str, dtype=np.float64) -> np.ndarray:
+        return np.array([getattr(r, name) for r in records], dtype=dtype)
+
+    return Run(
+        label=label, path=path, header=header, world_size=world, skipped=list(skipped),
+        other_files=list(other_files), step=col("step", np.int64), time_s=col("time_s"),
+        step_time=col("step_time_us"), spread=col("spread_us"), residual=col("residual_us"),
+        transfer=col("transfer_us"), straggler=col("straggler", np.int64),
+        active=col("active", bool),
+        earliness=_matrix([r.earliness_us for r in records], world),
+        wait=_matrix([r.wait_us for r in records], world),
+        delay=_matrix([r.delay_us for r in records], world),
+        site_spread=_matrix([r.site_spread_us for r in records], sites),
+    )
+
+
+def _read(path: Path, progress: Progress | None):
+    """read_telemetry with a heartbeat for large files (it reads a file in one call)."""
+    size = path.stat().st_size if path.is_file() else 0
+    if progress is None or size < PROGRESS_BYTES:
+        return read_telemetry(path)
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def beat() -> None:
+        while not done.wait(2.0):
+            progress(f"reading {path.name} ({size / 1e6:.0f} MB): "
+                     f"{time.perf_counter() - t0:.0f} s")
+
+    progress(f"reading {path.name} ({size / 1e6:.0f} MB)")
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        return read_telemetry(path)
+    finally:
+        done.set()
+        thread.join()
+
+
+def _run_key(header: dict[str, Any]) -> str:
+    """Files with the same key and different ranks are one run's rank files."""
+    sim = header.get("sim") or {}
+    key = {k: header.get(k) for k in ("source", "label", "world_size", "sites", "config")}
+    key["sim"] = {k: sim.get(k) for k in ("preset", "policy", "seed", "steps")} \
+        if isinstance(sim, dict) else None
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = None) -> list[Run]:
+    """One `Run` per run among `paths`, in the order first given. Raises ValueError for a
+    missing, empty or non-gpupace file, or one with no readable step record; lines cut short
+    or corrupt are skipped and listed in `Run.skipped`."""
+    if not paths:
+        raise ValueError("no telemetry files given")
+    tels = []
+    for p in paths:
+        path = Path(p)
+        tels.append((path, _read(path, progress)))
+    groups: dict[str, list[tuple[Path, Any]]] = {}
+    order: list[list[tuple[Path, Any]]] = []
+    for path, tel in tels:
+        key = _run_key(tel.header)
+        group = groups.get(key)
+        ranks = {t.header.get("rank") for _, t in group} if group else set()
+        if group is None or tel.header.get("rank") in ranks:
+            group = groups[key] = []  # a new run (same rank twice: not rank files of one run)
+            order.append(group)
+        group.append((path, tel))
+    runs, labels = [], set()
+    for group in order:
+        group.sort(key=lambda pt: int(pt[1].header.get("rank") or 0))
+        path, tel = group[0]
+        label = str(tel.header.get("label") or "") or path.stem
+        if label in labels:
+            label = f"{label} ({path.stem})"
+        if label in labels:
+            label = f"{label} #{len(runs) + 1}"
+        labels.add(label)
+        run = to_run(label, path, tel.header, tel.records, tel.skipped, [p for p, _ in group[1:]])
+        if run.other_files:
+            run.notes.append(f"{len(group)} rank files of one run; read rank "
+                             f"{tel.header.get('rank', 0)}'s ({path.name}): each holds every "
+                             f"rank's rows")
+        if run.skipped:
+            run.notes.append(f"{path.name}: {len(run.skipped)} unreadable lines skipped "
+                             f"(first: {run.skipped[0]})")
+        if progress is not None:
+            progress(f"{path.name}: {run.steps} steps, {run.world_size} ranks, label {label!r}")
+        runs.append(run)
+    return runs
