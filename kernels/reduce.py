@@ -16,6 +16,8 @@ Gathered matrix: float32 [N, 2 + 2M], rows as in `spin.py`. Outputs:
   site       float32 [5, M]: earliest = min (w + d), spread = max (w + d) - earliest,
              transfer = min w, residual = max w - min w, mean earliness; over valid ranks
   straggler  int32 [M]: argmin (w + d), -1 with fewer than two valid ranks
+  median     float32 [1]: median of the known step times (finite, > 0, < ABSURD_US), NaN if
+             none; one block sorts them in shared memory (N up to 8192: 32 KB)
 With fewer than two valid ranks spread, residual and mean are NaN (transfer is the one valid
 rank's w, or NaN), as in the policy.
 """
@@ -30,13 +32,17 @@ import numpy as np
 ABSURD_US = 1e9  # gpupace.policy.ABSURD_US; kernels do not import the library
 N_SITE_STATS = 5
 BLOCK = 256
+MAX_SORT = 8192  # 32 KB of shared memory, under the 48 KB a block gets without opting in
 
 _SOURCE = r"""
 extern "C" __global__ void gpupace_reduce(
     const float* __restrict__ g, const int n_ranks, const int row_len, const int max_sites,
-    const int n_sites, const float absurd, int* __restrict__ valid, int* __restrict__ n_valid,
-    float* __restrict__ site, int* __restrict__ straggler) {
+    const int n_sites, const float absurd, const int sort_len, int* __restrict__ valid,
+    int* __restrict__ n_valid, float* __restrict__ site, int* __restrict__ straggler,
+    float* __restrict__ median) {
+  extern __shared__ float sorted[];  // sort_len floats: the step times, known first
   __shared__ int counts[32];
+  __shared__ int n_known;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
   // Phase 1: a rank's row is usable when all its waits and delays are sane.
   int mine = 0;
@@ -57,6 +63,32 @@ extern "C" __global__ void gpupace_reduce(
   for (int w = 0; w < n_warps; ++w) nv += counts[w];
   if (tid == 0) n_valid[0] = nv;
   const float nan = __int_as_float(0x7fc00000), inf = __int_as_float(0x7f800000);
+  // Median of the known step times (finite, > 0, < absurd): bitonic sort, unknowns as +inf.
+  if (tid == 0) n_known = 0;
+  __syncthreads();
+  for (int i = tid; i < sort_len; i += blockDim.x) {
+    const float x = i < n_ranks ? g[(long long)i * row_len + 1] : nan;
+    const bool known = x > 0.f && x < absurd;  // false for NaN
+    sorted[i] = known ? x : inf;
+    if (known) atomicAdd(&n_known, 1);
+  }
+  __syncthreads();
+  for (int k = 2; k <= sort_len; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < sort_len; i += blockDim.x) {
+        const int p = i ^ j;
+        if (p > i) {
+          const float a = sorted[i], b = sorted[p];
+          if ((a > b) == ((i & k) == 0)) { sorted[i] = b; sorted[p] = a; }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (tid == 0) {
+    const int c = n_known;
+    median[0] = c > 0 ? (sorted[(c - 1) / 2] + sorted[c / 2]) * 0.5f : nan;
+  }
   // Phase 2: one warp per site.
   for (int s = warp; s < n_sites; s += n_warps) {
     float amin = inf, amax = -inf, wmin = inf, wmax = -inf, asum = 0.f;
@@ -130,7 +162,13 @@ def warmup(stream_ptr: int | None = None, device: int = 0) -> None:
         _external_stream(int(stream_ptr), int(device))
 
 
-def reduce_rows(gathered: Any, valid: Any, n_valid: Any, site: Any, straggler: Any, *,
+def sort_len_for(n_ranks: int) -> int:
+    """The bitonic sort's length: the next power of two >= N (at least 2)."""
+    return max(2, 1 << (int(n_ranks) - 1).bit_length())
+
+
+def reduce_rows(gathered: Any, valid: Any, n_valid: Any, site: Any, straggler: Any,
+                median: Any, *,
                 n_sites: int, stream_ptr: int, device: int = 0) -> None:
     """Launches the reduction over the first `n_sites` sites of `gathered` (a CuPy view of the
     float32 [N, 2 + 2M] matrix) on the CUDA stream `stream_ptr` (torch's current stream), into
@@ -141,15 +179,20 @@ def reduce_rows(gathered: Any, valid: Any, n_valid: Any, site: Any, straggler: A
     max_sites = (row_len - 2) // 2
     if not 0 <= n_sites <= max_sites:
         raise ValueError(f"n_sites must be in [0, {max_sites}], got {n_sites}")
+    sort_len = sort_len_for(n_ranks)
+    if sort_len > MAX_SORT:
+        raise ValueError(f"the reduction sorts at most {MAX_SORT} ranks in one block, got {n_ranks}")
     kernel = _reduce_kernel()
     with _external_stream(int(stream_ptr), int(device)):
         kernel((1,), (BLOCK,), (gathered, _np.int32(n_ranks), _np.int32(row_len),
                                 _np.int32(max_sites), _np.int32(n_sites),
-                                _np.float32(ABSURD_US), valid, n_valid, site, straggler))
+                                _np.float32(ABSURD_US), _np.int32(sort_len), valid, n_valid, site,
+                                straggler, median), shared_mem=4 * sort_len)
 
 
 def reduce_reference(gathered: np.ndarray, n_sites: int) -> dict[str, np.ndarray]:
-    """The NumPy twin of the kernel, in float32: returns valid, n_valid, site, straggler."""
+    """The NumPy twin of the kernel, in float32: returns valid, n_valid, site, straggler and
+    median."""
     g = np.asarray(gathered, dtype=np.float32)
     n_ranks, row_len = g.shape
     m = (row_len - 2) // 2
@@ -171,5 +214,10 @@ def reduce_reference(gathered: np.ndarray, n_sites: int) -> dict[str, np.ndarray
         site[3, :n_sites] = wv.max(axis=0) - wv.min(axis=0)
         site[4, :n_sites] = av.sum(axis=0, dtype=np.float32) / np.float32(nv) - amin
         straggler[:n_sites] = np.flatnonzero(valid)[av.argmin(axis=0)]
+    with np.errstate(invalid="ignore"):
+        st = g[:, 1]
+        known = st[(st > 0) & (st < ABSURD_US)]
+    med = np.float32((np.sort(known)[(known.size - 1) // 2] + np.sort(known)[known.size // 2])
+                     * np.float32(0.5)) if known.size else np.float32(np.nan)
     return {"valid": valid.astype(np.int32), "n_valid": np.array([nv], dtype=np.int32),
-            "site": site, "straggler": straggler}
+            "site": site, "straggler": straggler, "median": np.array([med], dtype=np.float32)}

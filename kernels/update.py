@@ -22,7 +22,7 @@ Identical to `gpupace.policy.update` (the NumPy reference):
 Deliberate differences:
 - float32 throughout (NumPy uses float64): floors and delays agree to float32 rounding, and a
   spread within rounding of a threshold may flip a hysteresis count;
-- the ranks' median is taken by a sort of BLOCK_N float32 values;
+- the median of the known step times comes from the reduction (a bitonic sort in float32);
 - next delays of sites past this step's count are set to 0 in the state (the host keeps them in
   an unused tail); the state's step count is `counter[1]`, the steps done `counter[0]`.
 
@@ -50,6 +50,26 @@ REC_HEAD = 10
 COUNTER_LEN = 3  # steps done, policy updates (state.step), site count the state was built for
 
 
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _lo(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _hi(a, b):
+    return tl.maximum(a, b)
+
+
+# HACK: reductions through tl.reduce with combine functions of this module, not tl.sum/min/max:
+# those are @jit functions of triton.language.standard, which the interpreter can run only if
+# triton itself was imported under TRITON_INTERPRET=1, and tests set it after other tests
+# have imported triton.
+
 # The kernel reads module globals only as constexprs.
 _PACE = tl.constexpr(MODE_PACE)
 _OK, _STEP_TIME, _SPREAD = tl.constexpr(REC_OK), tl.constexpr(REC_STEP_TIME), tl.constexpr(REC_SPREAD)
@@ -66,7 +86,7 @@ def record_len(n_ranks: int, max_sites: int) -> int:
 @triton.jit(do_not_specialize=["n_sites", "rank"])
 def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
-    valid_ptr, nvalid_ptr, site_ptr, strag_ptr,
+    valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr,
     floor_ptr, calm_ptr, delay_ptr, active_ptr, above_ptr, below_ptr, counter_ptr,
     row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
@@ -81,8 +101,8 @@ def _update_kernel(
     two = nv >= 2
 
     counts = tl.load(grow, mask=rmask, other=0.0).to(tl.int32)
-    counts_lo = tl.min(tl.where(rmask, counts, 2147483647), axis=0)
-    counts_hi = tl.max(tl.where(rmask, counts, -1), axis=0)
+    counts_lo = tl.reduce(tl.where(rmask, counts, 2147483647), 0, _lo)
+    counts_hi = tl.reduce(tl.where(rmask, counts, -1), 0, _hi)
     agree = (counts_lo == n_sites) & (counts_hi == n_sites) & (n_sites > 0)
 
     total = tl.load(counter_ptr)
@@ -96,19 +116,16 @@ def _update_kernel(
     amask = rmask & ((offs * 0 + agree.to(tl.int32)) != 0)
     pace = mode == _PACE
 
-    # Cap: a fraction of the median known step time, within max_delay; 0 when none is known.
+    # Cap: a fraction of the median known step time (from the reduction), within max_delay;
+    # 0 when no step time is known (median NaN).
     st = tl.load(grow + 1, mask=rmask, other=float("nan"))
-    known = rmask & (st == st) & (st > 0.0) & (st < absurd)
-    kc = tl.sum(known.to(tl.int32), axis=0)
-    srt = tl.sort(tl.where(known, st, float("inf")))
-    lo = tl.sum(tl.where(offs == (kc - 1) // 2, srt, 0.0), axis=0)
-    hi = tl.sum(tl.where(offs == kc // 2, srt, 0.0), axis=0)
-    cap = tl.where(kc > 0, tl.minimum(max_delay, cap_fraction * ((lo + hi) * 0.5)), 0.0)
+    med = tl.load(median_ptr)
+    cap = tl.where(med == med, tl.minimum(max_delay, cap_fraction * med), 0.0)
 
-    row_total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    wait_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
-    delay_sum = tl.zeros([BLOCK_N], dtype=tl.float32)
-    best_e = tl.zeros([BLOCK_N], dtype=tl.float32)
+    row_total = tl.full([BLOCK_N], 0.0, tl.float32)
+    wait_sum = tl.full([BLOCK_N], 0.0, tl.float32)
+    delay_sum = tl.full([BLOCK_N], 0.0, tl.float32)
+    best_e = tl.full([BLOCK_N], 0.0, tl.float32)
     best = tl.full([], -2.0, tl.float32)
     best_s = tl.full([], 0, tl.int32)
     any_active = tl.full([], 0, tl.int32)
@@ -206,7 +223,7 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
     """Launches the fused update for one step (one program).
 
     `gathered` float32 [N, 2 + 2M]; `row` this rank's float32 [2 + 2M] row (reset here for the
-    next step); `red` the reduction outputs (valid, n_valid, site, straggler, as in
+    next step); `red` the reduction outputs (valid, n_valid, site, straggler, median, as in
     `reduce.py`, as torch tensors); `state` float32 floor and delay [N, M], int32 calm [N, M],
     int32 active, above, below [M], int64 counter [COUNTER_LEN]; `params` anything with the fields of
     `gpupace.policy.PolicyParams`. Under the interpreter all tensors are CPU tensors."""
@@ -219,7 +236,7 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
     p = params
     _update_kernel[(1,)](
         gathered, n_ranks, row_len, max_sites, int(n_sites), int(rank),
-        red["valid"], red["n_valid"], red["site"], red["straggler"],
+        red["valid"], red["n_valid"], red["site"], red["straggler"], red["median"],
         state["floor"], state["calm"], state["delay"], state["active"], state["above"], state["below"],
         state["counter"], row, ring, ring_step, ring.shape[0], ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),

@@ -206,3 +206,7 @@ def test_reduce_reference_agrees_with_policy(k, data):
         mean_e = stats.earliness[stats.valid].mean(axis=0)
         np.testing.assert_allclose(site[4], mean_e, rtol=1e-5, atol=2e-2)
     assert np.isnan(out["site"][:, n_sites:]).all() and (out["straggler"][n_sites:] == -1).all()
+    with np.errstate(invalid="ignore"):
+        known = steps[np.isfinite(steps) & (steps > 0) & (steps < policy.ABSURD_US)]
+    want = np.median(known) if known.size else np.nan
+    np.testing.assert_allclose(out["median"][0], want, rtol=1e-6, equal_nan=True)

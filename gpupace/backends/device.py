@@ -77,7 +77,8 @@ class DeviceEngine:
         self.clk = torch.zeros(2, dtype=i64, **z)
         self.red = {"valid": torch.zeros(n, dtype=i32, **z), "n_valid": torch.zeros(1, dtype=i32, **z),
                     "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, **z),
-                    "straggler": torch.zeros(m, dtype=i32, **z)}
+                    "straggler": torch.zeros(m, dtype=i32, **z),
+                    "median": torch.zeros(1, dtype=f32, **z)}
         self.state = {"floor": torch.zeros(n, m, dtype=f32, **z),
                       "calm": torch.zeros(n, m, dtype=i32, **z),
                       "delay": torch.zeros(n, m, dtype=f32, **z),
@@ -187,7 +188,7 @@ class DeviceEngine:
         if self.device.type == "cuda":
             v = self._views()
             self._k_reduce.reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
-                                       v["straggler"], n_sites=n,
+                                       v["straggler"], v["median"], n_sites=n,
                                        stream_ptr=torch.cuda.current_stream().cuda_stream,
                                        device=self.device.index or 0)
         else:  # CPU tests: the NumPy twin, written into the same buffers
@@ -313,7 +314,7 @@ class DeviceEngine:
         self._k_update.update(scratch.gathered, scratch.row, scratch.red, scratch.state,
                               scratch.ring, scratch.ring_step, self.params, n_sites=1,
                               rank=self.rank)
-        self._views()
         if self.device.type == "cuda":
+            self._views()
             torch.cuda.synchronize(self.device)
         self._warm = True

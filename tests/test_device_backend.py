@@ -1,0 +1,203 @@
+"""The device backend on a machine without a GPU: backend selection and its errors, and the
+whole `DeviceEngine` step loop on the CPU under TRITON_INTERPRET=1 (clock-free kernels, the
+NumPy twin of the reduction), driven by a test clock, against the NumPy policy."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from gpupace import PaceConfig, Pacer, policy
+from gpupace.backends import device_backend_missing
+
+KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
+
+
+def reload_kernels() -> None:
+    for name in KERNEL_MODULES:
+        importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
+
+
+@pytest.fixture(scope="module")
+def interp():
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    reload_kernels()
+    yield
+    mp.undo()
+    reload_kernels()
+
+
+# -- selection ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Pretend CUDA is there, so the package checks come next."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return monkeypatch
+
+
+def test_auto_picks_host_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Pacer._pick_backend("auto", "nccl") == "host"
+    assert Pacer._pick_backend("auto", "gloo") == "host"
+    assert Pacer._pick_backend("host", "nccl") == "host"
+
+
+def test_forced_device_without_cuda_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        Pacer._pick_backend("device", "nccl")
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        Pacer(PaceConfig(mode="pace"), backend="device")
+
+
+@pytest.mark.parametrize("missing", ["triton", "cupy"])
+def test_forced_device_names_the_missing_package_and_extra(fake_cuda, missing):
+    fake_cuda.setitem(sys.modules, missing, None)  # import of it raises ImportError
+    with pytest.raises(RuntimeError, match=rf"{missing} is not installed.*gpupace\[cuda12\]"):
+        Pacer._pick_backend("device", "nccl")
+    assert Pacer._pick_backend("auto", "nccl") == "host"  # auto falls back quietly
+
+
+def test_auto_picks_device_for_nccl_groups_when_it_can_run(fake_cuda):
+    fake_cuda.setitem(sys.modules, "cupy", type(sys)("cupy"))  # a stand-in module
+    assert device_backend_missing() is None
+    assert Pacer._pick_backend("auto", "nccl") == "device"
+    assert Pacer._pick_backend("auto", "gloo") == "host"
+    assert Pacer._pick_backend("auto", "none") == "host"
+    assert Pacer._pick_backend("device", "none") == "device"
+    with pytest.raises(RuntimeError, match="nccl"):
+        Pacer._pick_backend("device", "gloo")
+
+
+def test_host_pacer_warmup_is_a_no_op():
+    pacer = Pacer(PaceConfig(mode="pace"), backend="host")
+    pacer.warmup()
+    assert pacer.backend == "host"
+
+
+def test_engine_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from gpupace.kernels import clock
+
+    from gpupace.backends.device import DeviceEngine
+
+    if clock.interpreting():
+        pytest.skip("kernels are loaded under the interpreter in this process")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+        DeviceEngine(PaceConfig(), None, 0, 1, device="cpu")
+
+
+# -- the engine's step loop on the CPU ----------------------------------------------------------
+
+ARRIVE_US = [0.0, 200.0, 250.0]  # rank 0 (this one) is early; rank 2 is last
+TRANSFER_US = 50.0
+STEP_NS = 10_000_000
+
+
+def paced_config():
+    return PaceConfig(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.0,
+                      threshold_us=20.0, release_us=10.0, gain=1.0, guard_us=10.0,
+                      floor_rise=0.5, max_sites=3)
+
+
+def run_engine(n_steps: int, n_sites: int = 2):
+    """Drives a 3-rank DeviceEngine (this rank 0, the other two synthetic) with a test clock.
+    Returns the engine, the gathered matrices it saw, the records it returned, its delays."""
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(paced_config(), None, 0, 3, device="cpu", ring_len=16)
+    m = eng.max_sites
+    seen, returned, delays = [], [], []
+    others: dict[int, np.ndarray] = {}
+
+    def exchange():
+        eng.gathered[0].copy_(eng.row)
+        for i, r in others.items():
+            eng.gathered[i].copy_(torch.from_numpy(r))
+        seen.append(eng.gathered.numpy().astype(np.float64).copy())
+
+    eng._exchange = exchange
+    for step in range(n_steps):
+        base = (step + 1) * STEP_NS
+        rows = {i: np.r_[n_sites, 10_000.0, np.full(m, np.nan), np.zeros(m)] for i in (1, 2)}
+        for k in range(n_sites):
+            eng.clk[1] = base + k * 1_000_000
+            ticket = eng.arrive()
+            d0 = (int(eng.clk[1]) - base - k * 1_000_000) / 1e3  # the delay the kernel applied
+            exit_us = max(d0, ARRIVE_US[2]) + TRANSFER_US
+            eng.clk[1] = base + k * 1_000_000 + int(exit_us * 1e3)
+            eng.exit(ticket)
+            for i in (1, 2):
+                rows[i][2 + k] = exit_us - ARRIVE_US[i]
+        others.update(rows)
+        rec = eng.end_step(step, step * 0.01)
+        if rec is not None:
+            returned.append(rec)
+        delays.append(eng.next_delays())
+    return eng, seen, returned, delays
+
+
+def test_engine_loop_agrees_with_policy_and_paces_the_early_rank(interp):
+    n_steps, n_sites = 11, 2
+    eng, seen, returned, delays = run_engine(n_steps, n_sites)
+    m = eng.max_sites
+    params = policy.PolicyParams.from_config(paced_config(), 3)
+    state = policy.init_state(3, n_sites)
+    stats_all = []
+    for k, g in enumerate(seen):
+        w, d, st_us = g[:, 2:2 + n_sites], g[:, 2 + m:2 + m + n_sites], g[:, 1]
+        state, stats = policy.update(params, state, w, d, st_us)
+        stats_all.append(stats)
+        np.testing.assert_allclose(delays[k], state.delay[0], rtol=1e-4, atol=1e-2)
+    # own row: measured waits and step time from the test clock, applied delays from the spin
+    assert np.isnan(seen[0][0, 1]) and seen[1][0, 1] == pytest.approx(STEP_NS / 1e3)
+    assert seen[0][0, 0] == n_sites
+    assert delays[-1][0] > 200.0  # rank 0 arrives 250 us early and is paced
+    last_d = seen[-1][0, 2 + m:2 + m + n_sites]
+    np.testing.assert_allclose(last_d, np.ceil(delays[-2]), atol=1e-3)  # 1 us virtual ticks
+    # pacing leaves the natural spread and shrinks the entry spread (the residual)
+    assert stats_all[-1].spread.max() == pytest.approx(ARRIVE_US[2])
+    assert stats_all[-1].residual.max() < 0.25 * stats_all[0].residual.max()
+    # telemetry: records arrive lazily, in order, and drain() returns the rest
+    records = returned + eng.drain()
+    assert [r.step for r in records] == list(range(n_steps))
+    assert len(returned) >= 1 and returned[0].step == 0
+    for r, stats in zip(records, stats_all, strict=True):
+        s = int(np.argmax(np.nan_to_num(stats.spread, nan=-1.0)))
+        assert r.spread_us == pytest.approx(stats.spread[s], abs=1e-3)
+        assert r.straggler == stats.straggler[s] == 2
+        assert len(r.site_spread_us) == n_sites and len(r.earliness_us) == 3
+    assert eng.drain() == []
+
+
+def test_engine_warmup_leaves_the_state_alone(interp):
+    eng, *_ = run_engine(3)
+    before = {k: v.clone() for k, v in eng.state.items()}
+    ring, row = eng.ring.clone(), eng.row.clone()
+    eng.warmup()
+    assert eng._warm
+    for k, v in eng.state.items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(eng.ring.nan_to_num(-1), ring.nan_to_num(-1))
+    assert torch.equal(eng.row.nan_to_num(-1), row.nan_to_num(-1))
+
+
+def test_engine_ignores_stale_and_surplus_sites(interp):
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=1), None, 0, 1, device="cpu")
+    t1 = eng.arrive()
+    t2 = eng.arrive()  # past max_sites: neither timed nor delayed
+    eng.clk[1] += 5000
+    eng.exit(t1)
+    eng.exit(t2)
+    assert eng.row[0] == 1 and eng.row[2] == pytest.approx(5.0)
+    eng.end_step(0, 0.0)
+    eng.exit(t1)  # an exit from the previous step changes nothing
+    assert eng.row[0] == 0
