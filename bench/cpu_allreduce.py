@@ -34,7 +34,7 @@ def repeats_for(nbytes: int, quick: bool) -> int:
     """Enough pairs for stable medians in ~5 s per size on a 2-core VM (1 MB: ~2 ms a call);
     1 MB gets the most because it carries the target."""
     if quick:
-        return 16
+        return WINDOW
     if nbytes == 1 << 20:
         return 600
     if nbytes <= 4 << 20:
@@ -93,11 +93,11 @@ def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
     for nbytes in sizes:
         t = torch.ones(nbytes // 4, dtype=torch.float32)
         delays: dict[str, list[float]] = {"paced": [], "paced8": []}
-        # A warm-up of one whole window, so paced8's steps fall on the same repeats each size;
+        # Full runs warm up one whole window, so paced8's steps fall on the same repeats each size;
         # a barrier before every timed call, so each starts with both ranks aligned.
         samples = interleave(
             _variants(t, rank, delays),
-            warmup=WINDOW,
+            warmup=2 if quick else WINDOW,
             repeats=repeats_for(nbytes, quick),
             before=dist.barrier,
         )

@@ -269,6 +269,9 @@ class Harness:
     plots: list[Path] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)  # free-form per-bench facts (JSON only)
 
+    def __post_init__(self) -> None:
+        self.out_dir = Path(self.out_dir)
+
     @property
     def stem(self) -> str:
         """`<suite>[-quick]_<hardware>_<YYYYMMDD>`: dated, hardware-named result files."""

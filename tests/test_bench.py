@@ -90,7 +90,7 @@ def test_quick_cpu_suite_through_main(tmp_path):
     benches = {r["bench"] for r in doc["rows"]}
     assert {"gloo_all_reduce", "gloo_all_reduce_ratio", "policy_update", "telemetry"} <= benches
     assert not doc["skips"], doc["skips"]
-    assert {c["name"].split(",")[0] for c in doc["checks"]} >= {"policy update"}
+    assert any(c["name"].startswith("policy update") for c in doc["checks"])
     assert all(r["n"] > 0 and r["note"] == "test" for r in doc["rows"])
     assert len(list(tmp_path.glob("*.png"))) >= 2
 
