@@ -1,0 +1,106 @@
+"""`gpupace doctor`: which backends this machine supports and, for each missing one, why; the
+versions that matter (torch, CUDA, NCCL, triton, cupy) and, on a GPU, the measured tick of the
+device clock the device backend stamps with."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--no-tick", action="store_true",
+                        help="skip measuring the GPU timer tick (it compiles a small kernel)")
+
+
+def _version(module: str) -> tuple[str | None, str | None]:
+    """(version, None) when `module` imports, else (None, why)."""
+    try:
+        mod = __import__(module)
+    except Exception as e:  # a broken install raises more than ImportError
+        return None, f"{type(e).__name__}: {e}"
+    return str(getattr(mod, "__version__", "unknown")), None
+
+
+def collect(measure_tick: bool = True) -> dict[str, Any]:
+    """Everything the doctor reports, as a dict (the JSON output)."""
+    import torch
+    import torch.distributed as dist
+
+    from .backends import device_backend_missing
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "torch_cuda": torch.version.cuda, "cuda_available": False,
+                            "gpus": [], "nccl": None}
+    cuda = torch.cuda.is_available()
+    info["cuda_available"] = cuda
+    if cuda:
+        info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        try:
+            v = torch.cuda.nccl.version()
+            info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception as e:  # an old or odd build: report it
+            info["nccl"] = f"unavailable ({type(e).__name__})"
+    for mod in ("triton", "cupy"):
+        info[mod], info[f"{mod}_error"] = _version(mod)
+
+    backends: dict[str, dict[str, Any]] = {}
+    if dist.is_available():
+        gloo = dist.is_gloo_available()
+        backends["host"] = {"supported": True, "why_not": None,
+                            "note": "gloo " + ("available" if gloo else "missing: only "
+                                               "single-process or NCCL groups")}
+    else:
+        backends["host"] = {"supported": True, "why_not": None,
+                            "note": "torch.distributed unavailable: single process only"}
+    why = device_backend_missing()
+    if why is None and not (dist.is_available() and dist.is_nccl_available()):
+        why = "this torch build has no NCCL; the device backend paces NCCL groups"
+    backends["device"] = {"supported": why is None, "why_not": why}
+    info["backends"] = backends
+
+    info["timer_tick_ns"] = None
+    if cuda and measure_tick and info["triton"]:
+        try:
+            from gpupace.kernels.clock import measure_tick as tick
+
+            info["timer_tick_ns"] = tick()
+        except Exception as e:  # report it, do not crash the doctor
+            info["timer_tick_error"] = f"{type(e).__name__}: {e}"
+    return info
+
+
+def format_text(info: dict[str, Any]) -> str:
+    lines = ["gpupace doctor", ""]
+    for name, b in info["backends"].items():
+        status = "supported" if b["supported"] else f"not supported: {b['why_not']}"
+        note = f" ({b['note']})" if b.get("note") else ""
+        lines.append(f"  backend {name:<7} {status}{note}")
+    lines.append("")
+    gpus = ", ".join(info["gpus"]) or "none"
+    rows = [("python", info["python"]), ("torch", info["torch"]),
+            ("CUDA (torch build)", info["torch_cuda"] or "none (CPU build)"),
+            ("CUDA available", "yes" if info["cuda_available"] else "no"), ("GPUs", gpus),
+            ("NCCL", info["nccl"] or "n/a"),
+            ("triton", info["triton"] or f"missing ({info['triton_error']})"),
+            ("cupy", info["cupy"] or f"missing ({info['cupy_error']})")]
+    tick = info.get("timer_tick_ns")
+    if tick is not None:
+        rows.append(("GPU timer tick", f"{tick:.0f} ns (measured)"))
+    elif info.get("timer_tick_error"):
+        rows.append(("GPU timer tick", f"not measured: {info['timer_tick_error']}"))
+    else:
+        rows.append(("GPU timer tick", "not measured (no GPU)" if not info["cuda_available"]
+                     else "not measured"))
+    width = max(len(k) for k, _ in rows)
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    info = collect(measure_tick=not args.no_tick)
+    print(json.dumps(info, indent=2) if args.json else format_text(info))
+    return 0

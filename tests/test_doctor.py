@@ -1,0 +1,39 @@
+"""`gpupace doctor` on this machine: it lists every backend and says why one is missing."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from gpupace.cli import main
+
+
+def test_doctor_text_names_backends_and_reasons(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "backend host" in out and "backend device" in out
+    assert "torch" in out and "triton" in out and "cupy" in out
+    if not torch.cuda.is_available():
+        assert "not supported: CUDA is not available" in out
+        assert "not measured (no GPU)" in out
+
+
+def test_doctor_json(capsys):
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["backends"]["host"]["supported"] is True
+    device = info["backends"]["device"]
+    assert device["supported"] is (device["why_not"] is None)
+    assert info["torch"] == torch.__version__
+    assert info["timer_tick_ns"] is None  # --no-tick
+
+
+def test_doctor_reports_a_missing_package(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["cupy"] is None and "cupy" in info["cupy_error"]
