@@ -1,0 +1,198 @@
+"""A virtual cluster on one GPU: N CUDA streams in one process as N ranks, each with injected
+compute skew, pacing kernels of its own and a device-side barrier (`kernels.barrier`) standing
+in for the collective, optionally spinning on K CTAs as NCCL channels do. All stamps share one
+device clock, so the true arrival spread is known and the clock-free estimator can be checked
+against it; `spin_coupling` measures what spinning CTAs cost concurrent compute.
+
+Limits: every wait is bounded by a timeout (a timed-out barrier raises `flag`, checked by
+`results()`); N * (K + 1) must stay below the SM count so that every rank's kernels can be
+resident at once. Eager only: the host launches each rank's kernels every step. Needs CUDA,
+triton and cupy; nothing here runs on a CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import policy
+from .config import PaceConfig
+
+
+@dataclass(slots=True)
+class ClusterResults:
+    """Per step and site (us): the true arrival spread from shared-clock stamps, the estimate
+    from the clock-free estimator, the entry spread after pacing, and the delays applied."""
+
+    true_spread: np.ndarray  # [steps, sites]
+    est_spread: np.ndarray  # [steps, sites]
+    true_entry_spread: np.ndarray  # [steps, sites]
+    delay: np.ndarray  # [steps, ranks, sites]
+    timed_out: bool
+
+
+class VirtualCluster:
+    """N ranks as N streams on one GPU. `step(skew_us)` runs one training step: per rank a
+    compute stand-in (a one-warp spin of `skew_us[i]`), then for each site enter (arrive stamp,
+    paced delay, enter stamp), the barrier, the exit stamp; then the exchange (the rows already
+    sit in one matrix), the CuPy reduction and the Triton update, as on a real rank."""
+
+    def __init__(self, n_ranks: int, config: PaceConfig | None = None, *, n_sites: int = 1,
+                 ctas: int = 1, timeout_us: float = 200_000.0, max_steps: int = 1024,
+                 device: int | None = None):
+        if not torch.cuda.is_available():
+            raise RuntimeError("the virtual cluster needs CUDA")
+        from gpupace.kernels import barrier, reduce, spin, stamp, update
+
+        self._k = {"barrier": barrier, "reduce": reduce, "spin": spin, "stamp": stamp,
+                   "update": update}
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        if n_ranks < 2 or n_ranks * (ctas + 1) >= sms:
+            raise ValueError(f"need 2 <= n_ranks and n_ranks * (ctas + 1) < {sms} SMs so every "
+                             f"rank's kernels are resident at once; got {n_ranks} ranks, {ctas} CTAs")
+        cfg = config if config is not None else PaceConfig(mode="observe")
+        self.config, self.n, self.m, self.n_sites = cfg, n_ranks, cfg.max_sites, n_sites
+        if not 1 <= n_sites <= self.m:
+            raise ValueError(f"n_sites must be in [1, {self.m}], got {n_sites}")
+        self.ctas, self.timeout_us, self.max_steps = ctas, float(timeout_us), max_steps
+        self.params = policy.PolicyParams.from_config(cfg, n_ranks)
+        n, m, dev = n_ranks, self.m, self.device
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        self.gathered = torch.zeros(n, 2 + 2 * m, dtype=f32, device=dev)
+        self._reset_rows()
+        self.scratch_row = torch.zeros(2 + 2 * m, dtype=f32, device=dev)
+        self.stamps = torch.zeros(n, m, 3, dtype=i64, device=dev)
+        self.clk = torch.zeros(n, 2, dtype=i64, device=dev)
+        self.count = torch.zeros(m, dtype=i32, device=dev)
+        self.flag = torch.zeros(1, dtype=i32, device=dev)
+        self.applied = torch.zeros(n, dtype=f32, device=dev)
+        self.reads = torch.zeros(n, dtype=i32, device=dev)
+        self.red = {"valid": torch.zeros(n, dtype=i32, device=dev),
+                    "n_valid": torch.zeros(1, dtype=i32, device=dev),
+                    "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, device=dev),
+                    "straggler": torch.zeros(m, dtype=i32, device=dev),
+                    "median": torch.zeros(1, dtype=f32, device=dev)}
+        self.state = {"floor": torch.zeros(n, m, dtype=f32, device=dev),
+                      "calm": torch.zeros(n, m, dtype=i32, device=dev),
+                      "delay": torch.zeros(n, m, dtype=f32, device=dev),
+                      "active": torch.zeros(m, dtype=i32, device=dev),
+                      "above": torch.zeros(m, dtype=i32, device=dev),
+                      "below": torch.zeros(m, dtype=i32, device=dev),
+                      "counter": torch.zeros(update.COUNTER_LEN, dtype=i64, device=dev)}
+        self.ring = torch.zeros(16, update.record_len(n, m), dtype=f32, device=dev)
+        self.ring_step = torch.full((16,), -1, dtype=i64, device=dev)
+        self.arrive_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
+        self.enter_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
+        self.est_hist = torch.zeros(max_steps, n_sites, dtype=f32, device=dev)
+        self.delay_hist = torch.zeros(max_steps, n, n_sites, dtype=f32, device=dev)
+        self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
+        self._views = {k: __import__("cupy").from_dlpack(v) for k, v in
+                       {"gathered": self.gathered, **self.red}.items()}
+        self.steps = 0
+
+    def _reset_rows(self) -> None:
+        m = self.m
+        self.gathered[:, 0] = 0.0
+        self.gathered[:, 1:2 + m] = float("nan")
+        self.gathered[:, 2 + m:] = 0.0
+
+    def step(self, skew_us: torch.Tensor) -> None:
+        """One step. `skew_us`: float32 [N] on the device, each rank's compute time (us)."""
+        if self.steps >= self.max_steps:
+            raise RuntimeError(f"the history holds {self.max_steps} steps; make a new cluster")
+        k, n, m = self._k, self.n, self.m
+        main = torch.cuda.current_stream(self.device)
+        start = main.record_event()
+        done = []
+        cap = float(self.config.max_delay_us)
+        for i, s in enumerate(self.streams):
+            s.wait_event(start)
+            with torch.cuda.stream(s):
+                k["spin"].spin(skew_us[i:i + 1], self.applied[i:i + 1], self.reads[i:i + 1],
+                               self.clk[i], cap_us=1e6)
+                for site in range(self.n_sites):
+                    k["spin"].enter(self.state["delay"], self.gathered[i], self.stamps[i],
+                                    self.clk[i], site, delay_offset=i * m, cap_us=cap)
+                    k["barrier"].barrier(self.count[site:site + 1], n * (self.steps + 1),
+                                         self.flag, self.clk[i], ctas=self.ctas,
+                                         timeout_us=self.timeout_us)
+                    k["stamp"].exit_stamp(self.gathered[i], self.stamps[i], self.clk[i], site)
+                done.append(s.record_event())
+        for ev in done:
+            main.wait_event(ev)
+        ns = self.n_sites
+        self.arrive_hist[self.steps].copy_(self.stamps[:, :ns, 0])
+        self.enter_hist[self.steps].copy_(self.stamps[:, :ns, 1])
+        self.delay_hist[self.steps].copy_(self.gathered[:, 2 + m:2 + m + ns])
+        v = self._views
+        k["reduce"].reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
+                                v["straggler"], v["median"], n_sites=ns,
+                                stream_ptr=main.cuda_stream, device=self.device.index or 0)
+        self.est_hist[self.steps].copy_(self.red["site"][1, :ns])
+        k["update"].update(self.gathered, self.scratch_row, self.red, self.state, self.ring,
+                           self.ring_step, self.params, n_sites=ns, rank=0)
+        self._reset_rows()
+        self.steps += 1
+
+    def results(self) -> ClusterResults:
+        """Synchronises and returns the history of the steps run so far."""
+        torch.cuda.synchronize(self.device)
+        s = self.steps
+        a = self.arrive_hist[:s].double().cpu().numpy() / 1e3
+        e = self.enter_hist[:s].double().cpu().numpy() / 1e3
+        return ClusterResults(
+            true_spread=a.max(axis=1) - a.min(axis=1),
+            est_spread=self.est_hist[:s].double().cpu().numpy(),
+            true_entry_spread=e.max(axis=1) - e.min(axis=1),
+            delay=self.delay_hist[:s].double().cpu().numpy(),
+            timed_out=bool(self.flag.item()),
+        )
+
+
+def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: int = 20,
+                  device: int | None = None) -> dict[str, float]:
+    """Compute throughput (TFLOP/s, bf16 matmuls on one stream) alone, while a barrier that
+    nobody else reaches spins on K CTAs on another stream (an early rank's NCCL kernel), and
+    while a one-warp spin of the same length runs instead (a paced rank). Synchronises."""
+    from gpupace.kernels import barrier, spin
+
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
+    side = torch.cuda.Stream(device=dev)
+    flops = 2.0 * size ** 3 * reps
+
+    def timed() -> float:
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(reps):
+            torch.mm(a, b)
+        t1.record()
+        t1.synchronize()
+        return t0.elapsed_time(t1) * 1e-3
+
+    timed()  # warm-up: cuBLAS handles, clocks
+    base = timed()
+    out = {"matmul_alone_tflops": flops / base / 1e12}
+    hold_us = 3 * base * 1e6  # the spinner outlasts the matmuls
+    clk = torch.zeros(2, dtype=torch.int64, device=dev)
+    for k in ctas:
+        count = torch.zeros(1, dtype=torch.int32, device=dev)
+        flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        torch.cuda.synchronize(dev)
+        with torch.cuda.stream(side):
+            barrier.barrier(count, 1 << 30, flag, clk, ctas=k, timeout_us=hold_us)
+        out[f"matmul_with_{k}_cta_spin_tflops"] = flops / timed() / 1e12
+        torch.cuda.synchronize(dev)
+    delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
+    applied = torch.zeros(1, device=dev)
+    reads = torch.zeros(1, dtype=torch.int32, device=dev)
+    torch.cuda.synchronize(dev)
+    with torch.cuda.stream(side):
+        spin.spin(delay, applied, reads, clk, cap_us=hold_us)
+    out["matmul_with_one_warp_spin_tflops"] = flops / timed() / 1e12
+    torch.cuda.synchronize(dev)
+    return out

@@ -1,0 +1,46 @@
+"""A device-side barrier that stands in for a collective in the virtual cluster
+(`gpupace.vcluster`): each rank's launch adds one arrival to a counter, then K programs (CTAs)
+spin on it until every rank has arrived, as an NCCL kernel's channels (one CTA each) spin while
+a rank waits for its peers. Every wait is bounded by a timeout on the device clock; a launch
+that times out raises a flag instead of hanging the GPU.
+
+All K programs of all N ranks must be resident at once for the barrier to complete, so the
+virtual cluster keeps N * (K + 1) below the SM count.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .clock import now, stamp_now, use_clock
+
+
+@triton.jit(do_not_specialize=["target"])
+def _barrier_kernel(count_ptr, target, timeout_ns, flag_ptr, clk_ptr, fake_tick,
+                    USE_CLOCK: tl.constexpr):
+    if tl.program_id(0) == 0:
+        tl.atomic_add(count_ptr, 1)
+    t0 = stamp_now(clk_ptr, USE_CLOCK)
+    t = t0
+    seen = tl.load(count_ptr, volatile=True)
+    while (seen < target) & (t - t0 < timeout_ns):
+        seen = tl.load(count_ptr, volatile=True)
+        t = now(t, fake_tick, USE_CLOCK)
+    if seen < target:
+        tl.atomic_max(flag_ptr, 1)
+
+
+def barrier(count: torch.Tensor, target: int, flag: torch.Tensor, clk: torch.Tensor, *,
+            ctas: int = 1, timeout_us: float = 100_000.0, clock: bool | None = None,
+            fake_tick: int = 1000) -> None:
+    """Arrives at the barrier `count` (int32 [1]) and spins on `ctas` programs until it reaches
+    `target` or `timeout_us` passes; a timeout sets `flag` (int32 [1]) to 1. `clk` as in
+    `spin.py` (the virtual clock on the clock-free path)."""
+    if ctas < 1:
+        raise ValueError(f"ctas must be >= 1, got {ctas}")
+    if not timeout_us > 0:
+        raise ValueError(f"timeout_us must be positive, got {timeout_us}")
+    _barrier_kernel[(int(ctas),)](count, int(target), int(timeout_us * 1000), flag, clk,
+                                  int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=1)
