@@ -1,0 +1,50 @@
+"""`gpupace report RUN.jsonl [MORE.jsonl ...] --out DIR [--json]`: reads telemetry files (a
+real job's, `gpupace demo`'s, the simulator's; several rank files of one run, or a baseline
+and a paced run), diagnoses each run and writes DIR/report.html with its PNG plots, and with
+`--json` DIR/findings.json. Progress goes to stderr, the written paths to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .diagnose import diagnose
+from .html import findings, render
+from .load import load_runs, stderr_progress
+from .plots import make_all
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="RUN.jsonl",
+                   help="telemetry files; give a baseline and a paced run to compare them")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the report")
+    p.add_argument("--json", action="store_true", help="also write DIR/findings.json")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else stderr_progress
+    runs = load_runs(args.files, progress=progress)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    diags = [diagnose(r) for r in runs]
+    if progress:
+        progress(f"plotting {len(runs)} run(s)")
+    plots = make_all(runs, diags, out, progress)
+    page = out / "report.html"
+    page.write_text(render(runs, diags, plots, out), encoding="utf-8")
+    print(page)
+    if args.json:
+        path = out / "findings.json"
+        path.write_text(json.dumps(findings(runs, diags), indent=1) + "\n", encoding="utf-8")
+        print(path)
+    for run_, d in zip(runs, diags, strict=True):
+        top = d.modes[0]
+        s = d.summary
+        lost = f"lost {100 * s['lost_fraction']:.1f}%" if "lost_fraction" in s else "no verdict"
+        print(f"{run_.label}: {lost}; top mode {top.mode} ({100 * top.share:.0f}%, "
+              f"{top.verdict})")
+    return 0

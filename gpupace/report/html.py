@@ -1,0 +1,175 @@
+"""The report page: one self-contained `report.html` and the findings as JSON.
+
+The plots are embedded as base64 data URIs, so the page is a single file that still shows
+every plot when it is mailed, attached to an issue or opened from an archive; the same PNGs
+are also written next to it, for slides and for tools that want the images alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..telemetry import summarize
+from .diagnose import Diagnosis, _clean
+from .load import Run
+
+SUMMARY_ROWS = (  # key, label, scale, format
+    ("steps", "steps", 1, "{:.0f}"),
+    ("throughput", "throughput ({unit})", 1, "{:,.1f}"),
+    ("step_time_mean", "step time mean (ms)", 1e-3, "{:.2f}"),
+    ("step_time_cv", "step time CV", 1, "{:.3f}"),
+    ("step_time_p50", "step time p50 (ms)", 1e-3, "{:.2f}"),
+    ("step_time_p99", "step time p99 (ms)", 1e-3, "{:.2f}"),
+    ("step_time_max", "step time max (ms)", 1e-3, "{:.2f}"),
+    ("spread_mean", "arrival spread mean (ms)", 1e-3, "{:.2f}"),
+    ("spread_p99", "arrival spread p99 (ms)", 1e-3, "{:.2f}"),
+    ("active_fraction", "pacing on (fraction of steps)", 1, "{:.2f}"),
+    ("delay_mean", "delay per rank per step (ms)", 1e-3, "{:.3f}"),
+    ("lost_fraction", "lost against the ideal step", 100, "{:.1f}%"),
+    ("ideal_step_us", "ideal step (ms)", 1e-3, "{:.2f}"),
+    ("skipped_lines", "unreadable lines skipped", 1, "{:.0f}"),
+)
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;
+text-align:right;font-size:.9em}th{background:#f3f3f3}td.l,th.l{text-align:left}
+.warn{background:#fff4e0;border-left:4px solid #f0a020;padding:.4em .8em;margin:.5em 0}
+figure{margin:1.2em 0}img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color:#555}
+.likely{color:#a00;font-weight:600}.possible{color:#b60}.none{color:#888}code{font-size:.9em}
+"""
+
+
+def run_summary(run: Run, diag: Diagnosis) -> dict[str, Any]:
+    """The summary table's figures for one run: telemetry.summarize plus the diagnosis."""
+    spp = run.samples_per_step
+    recs = _records_view(run)
+    s = summarize(recs, run.world_size, spp or 1.0)
+    s["throughput_unit"] = "samples/s" if spp else "steps/s"
+    s.pop("units", None)
+    s.update({k: v for k, v in diag.summary.items() if k not in s})
+    s.update(label=run.label, file=str(run.path), source=run.header.get("source", ""),
+             mode=run.mode, notes=list(run.notes))
+    return s
+
+
+def _records_view(run: Run) -> list[Any]:
+    """Minimal StepRecord-like rows for `summarize` (it reads a few attributes)."""
+    from ..telemetry import StepRecord
+
+    return [StepRecord(step=int(run.step[k]), time_s=float(run.time_s[k]),
+                       step_time_us=float(run.step_time[k]), spread_us=float(run.spread[k]),
+                       residual_us=float(run.residual[k]), transfer_us=float(run.transfer[k]),
+                       straggler=int(run.straggler[k]), active=bool(run.active[k]),
+                       earliness_us=[0.0] * run.world_size,
+                       delay_us=[float(v) for v in run.delay[k] if math.isfinite(v)])
+            for k in range(run.steps)]
+
+
+def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
+    """findings.json: the first run's `summary` and `modes` at the top, every run in `runs`."""
+    per_run = []
+    for run, d in zip(runs, diags, strict=True):
+        per_run.append({"summary": run_summary(run, d),
+                        "modes": d.to_dict()["modes"]})
+    out = dict(per_run[0])
+    out["runs"] = per_run
+    return _clean(out)
+
+
+def _fmt(v: Any, scale: float, fmt: str) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return fmt.format(v * scale)
+
+
+def _img(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tuple[str, str]],
+           out: Path) -> str:
+    """The page as a string; the PNGs named in `plots` are read from `out`."""
+    esc = html.escape
+    sums = [run_summary(r, d) for r, d in zip(runs, diags, strict=True)]
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>gpupace report</title>"
+             f"<style>{CSS}</style></head><body>",
+             "<h1>gpupace report</h1>",
+             f"<p>{esc(time.strftime('%Y-%m-%d %H:%M %Z'))}; files: "
+             + ", ".join(f"<code>{esc(str(r.path))}</code>" for r in runs) + "</p>"]
+    for r in runs:
+        for note in r.notes:
+            parts.append(f"<div class='warn'>{esc(r.label)}: {esc(note)}</div>")
+        if r.skipped:
+            more = "".join(f"<li>{esc(s)}</li>" for s in r.skipped[:10])
+            extra = f"<li>... {len(r.skipped) - 10} more</li>" if len(r.skipped) > 10 else ""
+            parts.append(f"<details class='warn'><summary>{esc(r.label)}: {len(r.skipped)} "
+                         f"lines skipped; this report covers the {r.steps} readable steps"
+                         f"</summary><ul>{more}{extra}</ul></details>")
+
+    parts.append("<h2>Summary</h2><table><tr><th class='l'></th>"
+                 + "".join(f"<th>{esc(r.label)}</th>" for r in runs) + "</tr>")
+    for key, label, scale, fmt in SUMMARY_ROWS:
+        label = label.format(unit=sums[0].get("throughput_unit", "steps/s"))
+        parts.append(f"<tr><td class='l'>{esc(label)}</td>"
+                     + "".join(f"<td>{_fmt(s.get(key), scale, fmt)}</td>" for s in sums)
+                     + "</tr>")
+    parts.append("</table>")
+
+    parts.append("<h2>Diagnosis</h2><p>Time lost against the ideal step (the fastest step the "
+                 "job repeats, less any steady offset of late ranks), split between the "
+                 "study's four failure modes. Below a confidence of 0.3 the verdict is "
+                 "<i>not enough evidence</i>.</p>")
+    for run, d in zip(runs, diags, strict=True):
+        parts.append(_diagnosis_html(run, d))
+
+    parts.append("<h2>Plots</h2>")
+    for name, caption in plots:
+        parts.append(f"<figure><img src='{_img(out / name)}' alt='{esc(name)}' "
+                     f"data-file='{esc(name)}'><figcaption>{esc(caption)} "
+                     f"(<a href='{esc(name)}'>{esc(name)}</a>)</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _diagnosis_html(run: Run, d: Diagnosis) -> str:
+    esc = html.escape
+    s = d.summary
+    head = f"<h3>{esc(run.label)}</h3>"
+    if "lost_fraction" in s:
+        head += (f"<p>Ideal step {s['ideal_step_us'] / 1e3:.2f} ms; the run lost "
+                 f"{100 * s['lost_fraction']:.1f}% against it"
+                 f" ({100 * s.get('unattributed_share', 0):.0f}% of that unattributed).</p>")
+    if s.get("note"):
+        head += f"<p class='warn'>{esc(s['note'])}</p>"
+    rows = ["<table><tr><th class='l'>mode</th><th>share</th><th>confidence</th>"
+            "<th class='l'>verdict</th><th class='l'>ranks</th><th class='l'>evidence</th>"
+            "<th class='l'>suggested action</th></tr>"]
+    for m in d.modes:
+        cls = {"likely": "likely", "possible": "possible"}.get(m.verdict, "none")
+        ev = "; ".join(f"{esc(k)} {esc(_short(v))}" for k, v in m.evidence.items()
+                       if v is not None and not k.endswith("_note"))
+        ranks = ", ".join(map(str, m.ranks[:12])) + (" ..." if len(m.ranks) > 12 else "")
+        action = esc(m.action) if m.verdict != "not enough evidence" else ""
+        rows.append(f"<tr><td class='l'>{esc(m.mode)}</td><td>{100 * m.share:.0f}%</td>"
+                    f"<td>{m.confidence:.2f}</td><td class='l {cls}'>{esc(m.verdict)}</td>"
+                    f"<td class='l'>{esc(ranks)}</td><td class='l'><small>{ev}</small></td>"
+                    f"<td class='l'><small>{action}</small></td></tr>")
+    rows.append("</table>")
+    return head + "".join(rows)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_short(x)}" for k, x in list(v.items())[:8]) + "}"
+    return str(v)

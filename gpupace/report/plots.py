@@ -1,0 +1,283 @@
+"""The report's plots, as PNG files (matplotlib, Agg backend: no display needed).
+
+Each function draws one figure for one or several runs and returns its file name. Long
+runs are reduced to at most `MAX_POINTS` bins (median line, min-max band) so that a million
+steps plot as fast as a thousand and the picture still shows the spikes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .diagnose import MODES, Diagnosis
+from .load import Run
+
+MAX_POINTS = 1500
+MAX_HEAT_STEPS = 600
+MAX_HEAT_RANKS = 256
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+MODE_COLORS = {"sync_amplification": "#d62728", "locality": "#1f77b4",
+               "fabric_contention": "#ff7f0e", "runtime_jitter": "#9467bd",
+               "unattributed": "#bbbbbb"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, out: Path, name: str) -> str:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=100)
+    _plt().close(fig)
+    return name
+
+
+def _binned(x: np.ndarray, y: np.ndarray, n: int = MAX_POINTS):
+    """(x, median, min, max) per bin; the raw points when there are at most n."""
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if y.size <= n:
+        return x, y, y, y
+    edges = np.linspace(0, y.size, n + 1).astype(int)
+    xs, med, lo, hi = [], [], [], []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        if b > a:
+            xs.append(x[a:b].mean())
+            seg = y[a:b]
+            med.append(np.median(seg))
+            lo.append(seg.min())
+            hi.append(seg.max())
+    return np.array(xs), np.array(med), np.array(lo), np.array(hi)
+
+
+def _ylim(ax: Any, values: list[np.ndarray]) -> int:
+    """Caps the y axis at 1.3 x the 99.5th percentile, so one huge outlier (a first step,
+    a checkpoint) does not flatten the rest; returns how many points lie above."""
+    v = np.concatenate([a[np.isfinite(a)] for a in values]) if values else np.array([])
+    if v.size == 0:
+        return 0
+    top = float(np.percentile(v, 99.5)) * 1.3
+    if top > 0 and v.max() > top:
+        ax.set_ylim(bottom=min(0.0, float(v.min())), top=top)
+        return int((v > top).sum())
+    return 0
+
+
+def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
+            get: Any, extra: Any = None) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    shown = []
+    for i, run in enumerate(runs):
+        y = get(run) / 1e3
+        x, med, lo, hi = _binned(run.step.astype(float), y)
+        c = COLORS[i % len(COLORS)]
+        ax.plot(x, med, lw=0.9, color=c, label=run.label)
+        if med is not lo:
+            ax.fill_between(x, lo, hi, color=c, alpha=0.2, lw=0)
+        if extra is not None:
+            extra(ax, run, c)
+        shown.append(hi)
+    above = _ylim(ax, shown)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + (f"  ({above} points above the axis)" if above else ""))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    return _save(fig, out, name)
+
+
+def step_time(runs: Sequence[Run], out: Path) -> str:
+    """Step time over the run, one line per run."""
+    return _series(runs, out, "step_time.png", "Step time", "step time (ms)",
+                   lambda r: r.step_time)
+
+
+def spread(runs: Sequence[Run], out: Path) -> str:
+    """Arrival spread (solid) and the entry spread left after pacing (dotted)."""
+    def residual(ax: Any, run: Run, c: str) -> None:
+        if run.active.any():
+            x, med, _, _ = _binned(run.step.astype(float), run.residual / 1e3)
+            ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: after pacing")
+
+    return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank)",
+                   "spread (ms)", lambda r: r.spread, residual)
+
+
+def cdf(runs: Sequence[Run], out: Path) -> str:
+    """Step-time CDF of every run (baseline vs paced when both are given)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    for i, run in enumerate(runs):
+        st = run.step_time[np.isfinite(run.step_time) & (run.step_time > 0)] / 1e3
+        if st.size == 0:
+            continue
+        st = np.sort(st)
+        p = np.arange(1, st.size + 1) / st.size
+        ax.step(st, p, where="post", color=COLORS[i % len(COLORS)], lw=1.2,
+                label=f"{run.label} (p50 {np.median(st):.1f}, p99 {np.percentile(st, 99):.1f})")
+    allst = np.concatenate([r.step_time[np.isfinite(r.step_time)] for r in runs]) / 1e3
+    if allst.size and allst.max() > 20 * np.median(allst):
+        ax.set_xscale("log")
+    names = [r.label for r in runs]
+    ax.set_title("Step-time CDF" + (f": {' vs '.join(names)}" if len(runs) > 1 else ""))
+    ax.set_xlabel("step time (ms)")
+    ax.set_ylabel("fraction of steps")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, out, "cdf.png")
+
+
+def lateness_heatmap(run: Run, out: Path, name: str) -> str:
+    """Per-rank lateness behind the median rank, ranks x steps (red: late, blue: early).
+    Steps are averaged into at most MAX_HEAT_STEPS columns, ranks into MAX_HEAT_RANKS rows."""
+    plt = _plt()
+    e = run.earliness
+    ref = np.nanmedian(e, axis=1, keepdims=True) if e.shape[1] > 2 else \
+        np.nanmax(e, axis=1, keepdims=True)
+    with np.errstate(all="ignore"):
+        late = (ref - e) / 1e3  # ms
+    late = _pool(_pool(late, MAX_HEAT_STEPS, axis=0), MAX_HEAT_RANKS, axis=1)
+    fig, ax = plt.subplots(figsize=(9, max(2.4, min(6.0, 1.2 + 0.25 * late.shape[1]))))
+    finite = late[np.isfinite(late)]
+    lim = float(np.percentile(np.abs(finite), 99)) if finite.size else 1.0
+    im = ax.imshow(late.T, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim or 1.0,
+                   interpolation="nearest", origin="lower",
+                   extent=(float(run.step[0]), float(run.step[-1]) + 1, -0.5,
+                           run.world_size - 0.5))
+    fig.colorbar(im, ax=ax, label="late behind the median rank (ms)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("rank")
+    ax.set_title(f"Per-rank lateness: {run.label}")
+    return _save(fig, out, name)
+
+
+def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """Mean-pools `a` along `axis` into at most n slices (NaN-aware)."""
+    size = a.shape[axis]
+    if size <= n:
+        return a
+    edges = np.linspace(0, size, n + 1).astype(int)
+    parts = [np.nanmean(np.take(a, range(lo, hi), axis=axis), axis=axis)
+             for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+    return np.stack(parts, axis=axis)
+
+
+def stragglers(runs: Sequence[Run], out: Path) -> str:
+    """How often each rank arrived last (only steps whose spread is above 1% of the median
+    step: with no spread the 'last' rank is an arbitrary tie)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    width = 0.8 / max(len(runs), 1)
+    world = max(r.world_size for r in runs)
+    for i, run in enumerate(runs):
+        st = run.step_time[np.isfinite(run.step_time)]
+        thr = 0.01 * float(np.median(st)) if st.size else 0.0
+        keep = (run.straggler >= 0) & (np.nan_to_num(run.spread) > thr)
+        hist = np.bincount(run.straggler[keep], minlength=world)[:world]
+        ax.bar(np.arange(world) + (i - (len(runs) - 1) / 2) * width, hist, width=width,
+               color=COLORS[i % len(COLORS)], label=f"{run.label} ({int(keep.sum())} steps)")
+    ax.set_xlabel("rank")
+    ax.set_ylabel("steps it arrived last")
+    ax.set_title("Straggler histogram")
+    if world <= 32:
+        ax.set_xticks(range(world))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="best", fontsize=8)
+    return _save(fig, out, "stragglers.png")
+
+
+def pacing(runs: Sequence[Run], out: Path) -> str:
+    """Delays applied (mean and largest rank, per step) and when pacing was on."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 1.2 + 2.0 * len(runs)), squeeze=False,
+                             sharex=True)
+    for i, (ax, run) in enumerate(zip(axes[:, 0], runs, strict=True)):
+        c = COLORS[i % len(COLORS)]
+        x = run.step.astype(float)
+        with np.errstate(all="ignore"):
+            mean = np.nanmean(run.delay, axis=1) / 1e3
+            top = np.nanmax(run.delay, axis=1) / 1e3
+        xb, mb, _, _ = _binned(x, mean)
+        xt, _, _, tb = _binned(x, top)
+        ax.plot(xt, tb, color=c, lw=0.7, alpha=0.6, label="largest rank")
+        ax.plot(xb, mb, color=c, lw=1.2, label="mean over ranks")
+        on = run.active.astype(float)
+        xa, ma, _, _ = _binned(x, on)
+        ax2 = ax.twinx()
+        ax2.fill_between(xa, 0, ma, step="mid", color="#2ca02c", alpha=0.15, lw=0)
+        ax2.set_ylim(0, 1.05)
+        ax2.set_yticks([0, 1])
+        ax2.set_yticklabels(["off", "on"])
+        ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
+        ax.set_ylabel("delay (ms)")
+        ax.set_title(f"{run.label}: delays applied; pacing on {100 * on.mean():.0f}% of steps "
+                     "(green)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("step")
+    return _save(fig, out, "pacing.png")
+
+
+def lost_time(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path) -> str:
+    """Lost time per step against the ideal step, split by failure mode, one bar per run."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.5 * len(runs)))
+    labels = [r.label for r in runs]
+    for j, d in enumerate(diags):
+        n = max(int(d.summary.get("measured_steps", 0)), 1)
+        left = 0.0
+        parts = {f.mode: f.lost_us for f in d.modes}
+        parts["unattributed"] = float(d.summary.get("unattributed_us", 0.0))
+        for mode in (*MODES, "unattributed"):
+            w = parts.get(mode, 0.0) / n / 1e3
+            ax.barh(j, w, left=left, color=MODE_COLORS[mode], label=mode if j == 0 else None)
+            left += w
+    ax.set_yticks(range(len(runs)))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("time lost per step against the ideal step (ms)")
+    ax.set_title("Lost time by failure mode")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), fontsize=8,
+              ncol=5, frameon=False)
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, out, "lost_time.png")
+
+
+def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
+             progress: Any = None) -> list[tuple[str, str]]:
+    """Every plot of the report into `out`; returns (file name, caption) in report order."""
+    out.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[Any, str]] = [
+        (lambda: lost_time(runs, diags, out), "Time lost against the ideal step, by failure "
+         "mode."),
+        (lambda: step_time(runs, out), "Step time over the run (median line; the band spans "
+         "min to max when steps are binned)."),
+        (lambda: cdf(runs, out), "Step-time CDF: the further left and the steeper, the better."),
+        (lambda: spread(runs, out), "Arrival spread between the earliest and the latest rank "
+         "(dotted: entry spread left after pacing)."),
+    ]
+    for i, run in enumerate(runs):
+        jobs.append((lambda run=run, i=i: lateness_heatmap(run, out, f"lateness_{i}.png"),
+                     f"Lateness of each rank behind the median rank: {run.label}. A steady "
+                     "red row is a locality rank; scattered red is random stragglers."))
+    jobs += [
+        (lambda: stragglers(runs, out), "How often each rank arrived last."),
+        (lambda: pacing(runs, out), "Delays applied to early ranks, and when pacing was on."),
+    ]
+    made = []
+    for k, (job, caption) in enumerate(jobs):
+        if progress is not None and len(runs[0].step) > 20_000:
+            progress(f"plot {k + 1}/{len(jobs)}")
+        made.append((job(), caption))
+    return made
+
