@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .harness import Harness, interleave, time_calls
+from .harness import Harness, interleave
 
 WORLDS = [8, 4096]
 WORLDS_FULL = [8, 16, 64, 256, 1024, 4096]
@@ -83,16 +83,16 @@ def bench_policy(h: Harness) -> None:
     reps, warm = (30, 5) if h.quick else (400, 30)
     impls = implementations()
     h.progress(f"policy {list(impls)}, worlds {worlds}, sites {sites}")
-    med: dict[str, dict[int, dict[int, float]]] = {k: {} for k in impls}
+    med: dict[str, dict[int, dict[int, float]]] = {k: {s: {} for s in sites} for k in impls}
     active = {}
-    for name, fn in impls.items():
-        for s in sites:
-            med[name][s] = {}
-            for n in worlds:
-                step, box = make_case(n, s, fn=fn)
-                samples = time_calls(step, warmup=warm, repeats=reps)
+    for s in sites:
+        for n in worlds:
+            # The implementations run interleaved on the same inputs: noise hits both alike.
+            cases = {name: make_case(n, s, fn=fn) for name, fn in impls.items()}
+            samples = interleave({k: c[0] for k, c in cases.items()}, warmup=warm, repeats=reps)
+            for name, (_, box) in cases.items():
                 case = {"impl": name, "world": n, "sites": s}
-                med[name][s][n] = h.record("policy_update", case, samples)["p50"]
+                med[name][s][n] = h.record("policy_update", case, samples[name])["p50"]
                 active[f"{name} {n}x{s}"] = bool(box["state"].active.any())
     h.extras["policy_update"] = {
         "impls": {k: f"{fn.__module__}.{fn.__qualname__}" for k, fn in impls.items()},

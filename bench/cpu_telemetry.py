@@ -71,6 +71,7 @@ def bench_telemetry(h: Harness) -> None:
     h.progress(f"telemetry per step, worlds {worlds}, {N_SITES} sites, flush every {interval}")
     rng = np.random.default_rng(0)
     sizes = h.extras.setdefault("telemetry_record_bytes", {})
+    med: dict[str, dict[int, tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpupace-bench-") as tmp:
         for n in worlds:
             parts, writer, nbytes = _parts(n, Path(tmp) / f"t{n}.jsonl", rng)
@@ -79,9 +80,27 @@ def bench_telemetry(h: Harness) -> None:
             finally:
                 writer.close()
             for k, v in s.items():
-                h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
+                row = h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
+                med.setdefault(k, {})[n] = (row["p20"], row["p50"], row["p80"])
             sizes[str(n)] = nbytes
         to_json_parts(h, max(worlds))
+    h.plot("telemetry_per_step", lambda fig: _draw(fig, worlds, med))
+
+
+def _draw(fig, worlds: list[int], med: dict[str, dict[int, tuple[float, float, float]]]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    for part, by_n in med.items():
+        q = np.array([by_n[n] for n in worlds])
+        ax.plot(worlds, q[:, 1], marker="o", label=part)
+        ax.fill_between(worlds, q[:, 0], q[:, 2], alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(worlds, [str(n) for n in worlds])
+    ax.set_xlabel(f"world size (ranks), {N_SITES} sites")
+    ax.set_ylabel("us per step (p50, band p20-p80)")
+    ax.set_title("Telemetry cost per step on the host (JSON-lines writer)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
 
 
 def to_json_parts(h: Harness, n: int) -> None:
