@@ -91,16 +91,18 @@ def bench_site(h: Harness) -> None:
         lone.close()
     case = {"size": "4KB", "sites_per_step": k}
     out = {}
+    labels = {
+        "plain": f"plain: {k} all_reduce",
+        "paced": f"paced: {k} all_reduce + step()",
+        "step": "step() alone, 0 sites",
+    }
     for mode, res in (("eager", eager), ("graph", graph)):
         for v, x in res.items():
-            h.record("paced_collective", {**case, "mode": mode, "variant": f"{v} (whole step)"}, x)
+            h.record("paced_collective", {**case, "mode": mode, "variant": labels[v]}, x)
         added = (res["paced"] - res["plain"]) / k
         out[mode] = h.record(
             "paced_collective", {**case, "mode": mode, "variant": "added per collective"}, added
         )["p50"]
-    h.record(
-        "paced_collective", {"mode": "eager", "variant": "step() alone, 0 sites"}, eager["step"]
-    )
     detail = f"(paced step of {k} - plain step of {k}) / {k}, median of pairs; step update included"
     h.check(
         "added time per paced collective, CUDA graph",
