@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .scenario import Scenario
+from .scenario import SPIN_COUPLING, Scenario
 
 # Local ranks with the far NIC / extra NUMA hop in each node (assumption: a 2-socket node in
 # which 2 of 8 GPUs reach their NIC through the inter-socket link).
@@ -74,7 +74,7 @@ def amplification(nodes: int, gpus_per_node: int = 8, coupling: float = 0.2) -> 
     return Scenario(
         name="amplification", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
         noise_sigma=0.02, spike_prob=0.02, spike_us=2_000.0, spike_alpha=1.5,
-        coupling=coupling,
+        coupling=coupling, paced_coupling=SPIN_COUPLING,
     )
 
 
@@ -87,7 +87,7 @@ def mixed(nodes: int, gpus_per_node: int = 8) -> Scenario:
         regime_on_prob=0.02, regime_off_prob=0.1, regime_comm_factor=2.0,
         locality_pattern_us=_pattern(gpus_per_node, 3_000.0),
         oversubscription=2.0, contention_mean=0.5, contention_sigma=0.8, contention_rho=0.95,
-        coupling=0.2,
+        coupling=0.2, paced_coupling=SPIN_COUPLING,
     )
 
 
@@ -113,7 +113,7 @@ def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Sce
         regime_on_prob=0.03, regime_off_prob=0.1, regime_comm_factor=1.0 + 2.0 * k,
         locality_pattern_us=_pattern(gpus_per_node, 8_000.0),
         oversubscription=2.0, contention_mean=0.5 * k, contention_sigma=0.8, contention_rho=0.95,
-        coupling=0.2,
+        coupling=0.2, paced_coupling=SPIN_COUPLING,
     )
 
 

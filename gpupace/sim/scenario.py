@@ -18,6 +18,9 @@ from typing import Any
 # Most paced sites the simulator models; matches PaceConfig.max_sites' default.
 MAX_BUCKETS = 64
 MAX_RANKS = 65_536
+# One warp on one of H100 SXM's 132 SMs (vendor figure): the spin's share of the GPU; an
+# assumption until the device check measures the slowdown it causes.
+SPIN_COUPLING = 1.0 / 132.0
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -105,9 +108,10 @@ class Scenario:
     """Fraction of compute throughput lost while this rank's collective kernel is resident,
     waiting or transferring (NCCL holds one CTA per channel, e.g. 16-32 of H100's 132 SMs).
     Assumption; replace with the device check's figure (no GPU measurement exists yet)."""
-    paced_coupling: float = 1.0 / 132.0
-    """Fraction lost while gpupace's one-warp spin holds the stream: one of 132 SMs (H100 SXM
-    SM count, vendor figure); the device check should replace it."""
+    paced_coupling: float = 0.0
+    """Fraction lost while gpupace's one-warp spin holds the stream. Coupled presets use
+    `SPIN_COUPLING`, one of 132 SMs (H100 SXM SM count, vendor figure); the device check should
+    replace it. 0 here so that the defaults describe an uncoupled cluster."""
 
     def __post_init__(self) -> None:
         for name, (lo, hi, kind) in _RANGES.items():
