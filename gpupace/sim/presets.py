@@ -105,7 +105,9 @@ def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Sce
     """All four failure modes, with the baseline (policy `none`) calibrated to the study's:
     step-time CV about 0.22 at 64 nodes and diminishing returns with node count. `scale`
     multiplies the fabric and regime severities (default `PAPER_SCALE`, the fitted value).
-    The paced result is then a prediction of this model, not a fit."""
+    The paced result is then a prediction of this model, not a fit. Everything but `scale`
+    and `samples_per_rank` is an assumption, at the single-mode presets' levels (locality 8 ms,
+    Pareto stalls of shape 2.5 so that no single stall dominates thousands of steps)."""
     k = PAPER_SCALE if scale is None else scale
     return Scenario(
         name="paper", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
