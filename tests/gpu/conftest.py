@@ -1,0 +1,72 @@
+"""GPU tests: every test here carries the `gpu` marker and skips without CUDA (and without
+triton or cupy, naming which). Measured figures go to the JSON file named by GPUPACE_FIGURES
+(bench/device_check.py sets it), so one device run records every number it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import pytest
+import torch
+
+
+def _missing() -> str | None:
+    if not torch.cuda.is_available():
+        return "needs CUDA"
+    for mod in ("triton", "cupy"):
+        try:
+            __import__(mod)
+        except ImportError:
+            return f"needs {mod}: pip install 'gpupace[cuda12]'"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    why = _missing()
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.gpu)
+            if why:
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernels():
+    """GPU tests need compiled kernels: if a CPU test module reloaded them under the
+    interpreter, it reloads them back on teardown; make sure the env var is not set here."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("TRITON_INTERPRET=1 is set: GPU tests need compiled kernels")
+    yield
+
+
+@pytest.fixture(scope="session")
+def figures():
+    """figures[name] = value: recorded for the device check's result files."""
+    out: dict = {}
+    yield out
+    path = os.environ.get("GPUPACE_FIGURES")
+    if path and out:
+        old = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+        old.update(out)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(old, f, indent=2, default=float)
+
+
+@pytest.fixture(scope="session")
+def nccl_group():
+    """A single-rank NCCL process group for the whole session."""
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        pytest.skip("this torch build has no NCCL")
+    if not dist.is_initialized():
+        store = tempfile.mktemp(prefix="gpupace-nccl-")
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+    yield dist.group.WORLD

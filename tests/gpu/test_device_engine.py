@@ -1,0 +1,166 @@
+"""On a GPU: the device backend end to end. Zero host syncs per step, a single-rank NCCL
+all_reduce paced inside a CUDA graph, capture once and replay 200 times with injected skew
+while the delays adapt, and the clear error for a capture without warm-up (last: a failed
+capture is not something to run other tests after). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from gpupace import PaceConfig, Pacer
+
+
+def paced_config(**kw):
+    base = dict(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.0, threshold_us=20.0,
+                release_us=10.0, gain=1.0, guard_us=5.0, floor_rise=0.25, max_sites=4)
+    base.update(kw)
+    return PaceConfig(**base)
+
+
+def test_auto_picks_device_for_nccl(nccl_group):
+    pacer = Pacer(paced_config(), nccl_group)
+    assert pacer.backend == "device"
+
+
+def test_zero_host_syncs_per_step(nccl_group, figures):
+    import torch.distributed as dist
+
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x = torch.ones(1024, device="cuda")
+    for _ in range(3):  # compile, NCCL init, pinned buffers: outside the checked loop
+        pacer.all_reduce(x)
+        pacer.step()
+    torch.cuda.synchronize()
+    steps = 40
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                pacer.all_reduce(x)
+                with pacer.site("second"):
+                    dist.all_reduce(x)
+                pacer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    figures["host_syncs_per_step"] = len(syncs) / steps
+    assert not syncs, [str(w.message) for w in syncs[:3]]
+    torch.cuda.set_sync_debug_mode("error")  # and the strict mode the issue names
+    try:
+        for _ in range(5):
+            pacer.all_reduce(x)
+            pacer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    records = pacer._engine.drain()
+    assert records and all(r.step_time_us > 0 for r in records[1:])
+
+
+def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x = torch.zeros(4096, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # eager steps: NCCL initialised, kernels compiled
+            x.add_(1.0)
+            pacer.all_reduce(x)
+            pacer.step()
+        pacer.warmup()
+    torch.cuda.current_stream().wait_stream(s)
+    eng = pacer._engine
+    before = int(eng.state["counter"][0].item())
+    x.zero_()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        x.add_(1.0)
+        pacer.all_reduce(x)
+        pacer.step()
+    for _ in range(50):
+        g.replay()
+    torch.cuda.synchronize()
+    assert x[0].item() == 50.0  # one rank: the all_reduce is the identity, the adds all ran
+    assert int(eng.state["counter"][0].item()) == before + 50  # the device step counter moved
+    recs = eng.drain()
+    assert len(recs) >= 40 and np.isfinite([r.step_time_us for r in recs[-10:]]).all()
+
+
+def test_capture_once_replay_200_with_skew_delays_adapt(figures):
+    """World of 3 in one process: rank 0 is real, ranks 1 and 2 are synthetic rows made on the
+    device from rank 0's row. Rank 0 arrives first; the last rank arrives 300 us later and the
+    transfer takes 20 us, so rank 0's collective (a spin standing in for it) lasts until
+    320 us after its arrival. The whole step is captured once; the replays alone must learn
+    the delay, with no host work."""
+    from gpupace.kernels import spin
+
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(paced_config(), None, 0, 3)
+    m = eng.max_sites
+    late = torch.tensor([0.0, 300.0, 150.0], device="cuda")[:, None]
+    compute = torch.tensor([1000.0], device="cuda")  # the step's compute, so the cap is ~650 us
+    need = torch.zeros(1, device="cuda")
+    scratch = torch.zeros(1, device="cuda")
+    reads = torch.zeros(1, dtype=torch.int32, device="cuda")
+    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
+
+    def exchange():
+        eng.gathered.copy_(eng.row.expand_as(eng.gathered))
+        arrival = eng.gathered[0:1, 2:2 + m] + eng.gathered[0:1, 2 + m:]  # w + d of rank 0
+        eng.gathered[1:, 2:2 + m] = (arrival - late[1:]).clamp_min(0.0)
+        eng.gathered[1:, 2 + m:] = 0.0
+
+    eng._exchange = exchange
+
+    def step():
+        spin.spin(compute, scratch, reads, clk, cap_us=5000.0)
+        t = eng.arrive()
+        torch.clamp_min(320.0 - eng.row[2 + m:3 + m], 20.0, out=need)  # wait for the last
+        spin.spin(need, scratch, reads, clk, cap_us=5000.0)
+        eng.exit(t)
+        eng.end_step(0, 0.0)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+        eng.warmup()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(200):
+        g.replay()
+    torch.cuda.synchronize()
+    d = float(eng.state["delay"][0, 0].item())
+    figures["graph_replay_learned_delay_us"] = d
+    # rank 0 arrives 300 us before the last; it is paced to about 300 - guard
+    assert 250.0 <= d <= 300.0, d
+    assert float(eng.state["delay"][1:, 0].abs().max().item()) == 0.0
+    recs = eng.drain()
+    assert recs[-1].delay_us[0] > 250.0  # the spin applied it inside the replays
+    assert recs[-1].spread_us == pytest.approx(300.0, abs=5.0)
+    assert int(eng.state["counter"][0].item()) == 201
+
+
+def test_zz_capture_without_warmup_is_a_clear_error(nccl_group):
+    from gpupace.backends.device import WarmupError
+
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x = torch.zeros(16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pacer.all_reduce(x)
+        pacer.step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(WarmupError, match="warmup"):
+        with torch.cuda.graph(g):
+            pacer.all_reduce(x)
+    torch.cuda.synchronize()
