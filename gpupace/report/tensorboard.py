@@ -1,0 +1,71 @@
+"""Live view: logs each step's telemetry scalars to TensorBoard, the same figures the report
+plots (step time, arrival spread, entry spread after pacing, transfer, straggler, pacing on,
+delays), so a running job shows its coordination costs next to its loss curve.
+
+    from gpupace.report.tensorboard import TensorBoardLogger
+    tb = TensorBoardLogger("runs/gpupace")     # ImportError naming the package if missing
+    record = pacer.step()
+    if record is not None:
+        tb.log(record)
+
+Needs the `tensorboard` package (torch.utils.tensorboard imports it). Logging costs one
+SummaryWriter call per scalar on the host; call it on one rank only (every rank holds the
+same gathered figures).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..telemetry import StepRecord
+
+INSTALL_HINT = "pip install tensorboard"
+
+
+def _summary_writer():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:  # torch raises ImportError when tensorboard is absent
+        raise ImportError(f"TensorBoard logging needs the tensorboard package: "
+                          f"{INSTALL_HINT} ({e})") from None
+    return SummaryWriter
+
+
+class TensorBoardLogger:
+    """Writes `StepRecord` scalars under `prefix/` to a TensorBoard log directory."""
+
+    def __init__(self, log_dir: str | os.PathLike, prefix: str = "gpupace",
+                 flush_secs: int = 30):
+        self.prefix = prefix
+        self._writer = _summary_writer()(log_dir=str(log_dir), flush_secs=flush_secs)
+
+    def log(self, record: StepRecord) -> None:
+        """Logs one step; NaN figures (the first step's time, an unknown transfer) are left
+        out rather than drawn as gaps."""
+        if self._writer is None:
+            raise ValueError("this TensorBoardLogger is closed")
+        delays = [d for d in record.delay_us if math.isfinite(d)]
+        scalars = {
+            "step_time_ms": record.step_time_us / 1e3,
+            "spread_ms": record.spread_us / 1e3,
+            "residual_spread_ms": record.residual_us / 1e3,
+            "transfer_ms": record.transfer_us / 1e3,
+            "straggler_rank": float(record.straggler),
+            "pacing_active": 1.0 if record.active else 0.0,
+            "delay_mean_ms": (sum(delays) / len(delays) / 1e3) if delays else 0.0,
+            "delay_max_ms": (max(delays) / 1e3) if delays else 0.0,
+        }
+        for name, value in scalars.items():
+            if math.isfinite(value):
+                self._writer.add_scalar(f"{self.prefix}/{name}", value, record.step)
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the log. Safe to call twice."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

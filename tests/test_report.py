@@ -1,0 +1,214 @@
+"""`gpupace report`: the diagnosis on simulated telemetry with known failure modes, damaged
+files, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpupace.cli import main
+from gpupace.report.diagnose import MODES, diagnose
+from gpupace.report.load import load_runs, to_run
+from gpupace.sim import presets, simulate, write_telemetry
+from gpupace.telemetry import StepRecord
+
+pytestmark = pytest.mark.timeout(120)
+
+# (preset, nodes, gpus per node, seed): small clusters that keep the suite fast. Amplification
+# grows with the rank count (the study's point), so it gets 16 ranks; the fabric preset's
+# transfers hide behind compute unless a rank carries a whole node's inter-node share.
+SINGLE = {
+    "runtime_jitter": ("jitter", 2, 4, 1),
+    "locality": ("locality", 1, 8, 1),
+    "fabric_contention": ("fabric", 16, 1, 1),
+    "sync_amplification": ("amplification", 4, 4, 1),
+}
+STEPS = 400
+
+
+@pytest.fixture(scope="module")
+def sim_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("sim")
+
+
+_CACHE: dict = {}
+
+
+def _telemetry(sim_dir, preset, nodes, g, seed, policy="none", label=None, steps=STEPS):
+    """Simulated telemetry with one known failure mode (cached across tests)."""
+    key = (preset, nodes, g, seed, policy, label, steps)
+    if key not in _CACHE:
+        path = sim_dir / f"{preset}-{nodes}x{g}-{seed}-{policy}-{steps}.jsonl"
+        res = simulate(presets.PRESETS[preset](nodes, g), policy=policy, steps=steps, seed=seed)
+        write_telemetry(res, path, label=label)
+        _CACHE[key] = (path, res)
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("mode", list(SINGLE))
+def test_single_mode_ranks_first_with_most_of_the_share(sim_dir, mode):
+    path, _ = _telemetry(sim_dir, *SINGLE[mode])
+    d = diagnose(load_runs([path])[0])
+    top = d.modes[0]
+    assert top.mode == mode, [(m.mode, round(m.share, 2)) for m in d.modes]
+    assert top.share > 0.5
+    assert top.verdict != "not enough evidence" and top.confidence >= 0.3
+    assert sum(m.share for m in d.modes) <= 1.0 + 1e-9
+    assert all(0.0 <= m.share <= 1.0 and 0.0 <= m.confidence <= 1.0 for m in d.modes)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_jitter_and_amplification_other_seeds(sim_dir, seed):
+    for mode in ("runtime_jitter", "sync_amplification"):
+        preset, nodes, g, _ = SINGLE[mode]
+        path, _ = _telemetry(sim_dir, preset, nodes, g, seed)
+        assert diagnose(load_runs([path])[0]).modes[0].mode == mode
+
+
+@pytest.mark.parametrize("nodes,g", [(1, 8), (2, 4)])
+def test_locality_names_the_slow_ranks(sim_dir, nodes, g):
+    path, res = _telemetry(sim_dir, "locality", nodes, g, 1)
+    d = diagnose(load_runs([path])[0])
+    loc = next(m for m in d.modes if m.mode == "locality")
+    assert sorted(loc.ranks) == sorted(res.slow_ranks) and res.slow_ranks
+    # The offset is the 3 ms handicap of the preset, measured
+    for r in res.slow_ranks:
+        assert loc.evidence["offset_us"][str(r)] == pytest.approx(3000.0, rel=0.05)
+    assert str(res.slow_ranks[0]) in loc.action
+
+
+def test_quiet_run_is_not_enough_evidence(sim_dir):
+    path, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    d = diagnose(load_runs([path])[0])
+    assert all(m.verdict == "not enough evidence" for m in d.modes)
+    assert "nothing worth diagnosing" in d.summary["note"]
+
+
+def test_mixed_names_several_modes_and_the_locality_ranks(sim_dir):
+    path, res = _telemetry(sim_dir, "mixed", 2, 4, 1)
+    d = diagnose(load_runs([path])[0])
+    named = {m.mode for m in d.modes if m.verdict != "not enough evidence"}
+    assert {"locality", "fabric_contention"} <= named and len(named) >= 3, named
+    loc = next(m for m in d.modes if m.mode == "locality")
+    assert sorted(loc.ranks) == sorted(res.slow_ranks)
+    assert 0.9 < sum(m.share for m in d.modes) <= 1.0 + 1e-9
+
+
+def test_too_few_steps_is_not_enough_evidence():
+    recs = [StepRecord(step=k, time_s=k * 0.1, step_time_us=1e5 + 50 * k, spread_us=10.0,
+                       residual_us=10.0, transfer_us=5.0, straggler=k % 2, active=False,
+                       earliness_us=[0.0, 10.0], wait_us=[1.0, 2.0], delay_us=[0.0, 0.0])
+            for k in range(10)]
+    run = to_run("short", Path("x.jsonl"), {"world_size": 2}, recs, [])
+    d = diagnose(run)
+    assert "only 10 measured steps" in d.summary["note"]
+    assert all(m.verdict == "not enough evidence" and m.share == 0 for m in d.modes)
+
+
+def test_nan_and_ragged_records_do_not_break_the_diagnosis():
+    rng = np.random.default_rng(0)
+    recs = []
+    for k in range(120):
+        n = 4 if k % 7 else 3  # a record holding fewer ranks: padded with NaN
+        e = rng.exponential(500.0, n).tolist()
+        recs.append(StepRecord(step=k, time_s=k * 0.1,
+                               step_time_us=float("nan") if k % 11 == 0 else
+                               1e5 + rng.exponential(2000.0),
+                               spread_us=max(e), residual_us=max(e), transfer_us=float("nan"),
+                               straggler=int(np.argmin(e)), active=bool(k % 2),
+                               earliness_us=e, wait_us=e, delay_us=[0.0] * n,
+                               site_spread_us=[max(e)] * 3))
+    run = to_run("odd", Path("odd.jsonl"), {"world_size": 4}, recs, [])
+    d = diagnose(run)
+    assert [m.mode for m in sorted(d.modes, key=lambda m: m.mode)] == sorted(MODES)
+    json.dumps(d.to_dict(), allow_nan=False)
+
+
+# -- damaged files ------------------------------------------------------------------------
+
+
+def _report(tmp_path, capsys, *files, json_=True):
+    args = ["report", *map(str, files), "--out", str(tmp_path / "out"), "--quiet"]
+    rc = main(args + (["--json"] if json_ else []))
+    return rc, capsys.readouterr()
+
+
+def test_empty_missing_and_foreign_files_give_one_clear_error(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text('{"hello": 1}\n')
+    header_only = tmp_path / "header.jsonl"
+    header_only.write_text('{"gpupace": "telemetry", "format": 1, "world_size": 2}\n')
+    for path, why in ((empty, "is empty"), (tmp_path / "nope.jsonl", "does not exist"),
+                      (foreign, "not a gpupace telemetry header"), (header_only, "no step records")):
+        rc, cap = _report(tmp_path, capsys, path)
+        assert rc == 2
+        lines = cap.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gpupace report: error:"), cap.err
+        assert why in lines[0] and path.name in lines[0]
+
+
+def test_truncated_and_corrupt_lines_give_a_partial_report(sim_dir, tmp_path, capsys):
+    src, _ = _telemetry(sim_dir, "jitter", 2, 4, 1)
+    lines = src.read_text().splitlines()
+    damaged = tmp_path / "damaged.jsonl"
+    body = lines[:100] + ["{not json at all"] + lines[100:200] + [lines[200][: len(lines[200]) // 2]]
+    damaged.write_text("\n".join(body))  # the last line cut in the middle, as by a crash
+    rc, cap = _report(tmp_path, capsys, damaged)
+    assert rc == 0, cap.err
+    doc = json.loads((tmp_path / "out" / "findings.json").read_text())
+    assert doc["summary"]["skipped_lines"] == 2 and doc["summary"]["steps"] == 199
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "2 lines skipped" in page and "line 101: JSONDecodeError" in page and "line 202" in page
+
+
+# -- the CLI end to end -------------------------------------------------------------------
+
+
+def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
+    base, _ = _telemetry(sim_dir, "amplification", 2, 4, 5, "none", "baseline", steps=300)
+    paced, _ = _telemetry(sim_dir, "amplification", 2, 4, 5, "gpupace", "paced", steps=300)
+    rc, cap = _report(tmp_path, capsys, base, paced)
+    assert rc == 0, cap.err
+    out = tmp_path / "out"
+    assert "report.html" in cap.out and "findings.json" in cap.out
+    doc = json.loads((out / "findings.json").read_text())
+    assert set(doc) >= {"summary", "modes", "runs"}
+    assert [r["summary"]["label"] for r in doc["runs"]] == ["baseline", "paced"]
+    assert doc["summary"]["label"] == "baseline"
+    for run in doc["runs"]:
+        assert {m["mode"] for m in run["modes"]} == set(MODES)
+        for m in run["modes"]:
+            assert {"mode", "share", "confidence", "evidence", "ranks"} <= set(m)
+    paced_sum = doc["runs"][1]["summary"]
+    assert paced_sum["active_fraction"] > 0 and paced_sum["delay_mean"] > 0
+    assert doc["runs"][0]["summary"]["active_fraction"] == 0
+    page = (out / "report.html").read_text()
+    imgs = re.findall(r"<img src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    files = re.findall(r"data-file='([^']+)'", page)
+    assert len(imgs) == len(files) >= 8  # lost time, step time, CDF, spread, 2 heatmaps, ...
+    for name in files:
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "Step-time CDF" in page
+
+
+def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
+    src, _ = _telemetry(sim_dir, "locality", 1, 8, 1)
+    lines = src.read_text().splitlines()
+    header = json.loads(lines[0])
+    paths = []
+    for rank in (0, 1):
+        p = tmp_path / f"rank{rank}.jsonl"
+        p.write_text("\n".join([json.dumps(dict(header, rank=rank)), *lines[1:]]) + "\n")
+        paths.append(p)
+    runs = load_runs(paths)
+    assert len(runs) == 1 and runs[0].other_files == [paths[1]]
+    assert "2 rank files of one run" in runs[0].notes[0]
+    # The same file given twice is two runs (same rank), with distinct labels
+    twice = load_runs([paths[0], paths[0]])
+    assert len(twice) == 2 and twice[0].label != twice[1].label
