@@ -56,12 +56,13 @@ def locality(nodes: int, gpus_per_node: int = 8, handicap_us: float = 3_000.0) -
 
 
 def fabric(nodes: int, gpus_per_node: int = 8) -> Scenario:
-    """Fabric only: 2:1 oversubscribed uplinks, 8 nodes per leaf, and a switch load of 50% on
-    average, log-normal sigma 0.8, correlated 0.95 step to step. Arrivals stay calm: every
-    rank computes identically, only transfers vary. All figures: assumptions."""
+    """Fabric only: 2:1 oversubscribed uplinks, 4 nodes per leaf, and a switch load of 70% on
+    average, log-normal sigma 1.0, correlated 0.95 step to step. Arrivals stay calm: every
+    rank computes identically, only transfers vary. Clearly visible from 8 nodes (2 leaves and
+    the spine) on; at 1-2 nodes the backward hides the transfers. All figures: assumptions."""
     return Scenario(
-        name="fabric", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
-        oversubscription=2.0, contention_mean=0.5, contention_sigma=0.8, contention_rho=0.95,
+        name="fabric", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=4, **_workload(),
+        oversubscription=2.0, contention_mean=0.7, contention_sigma=1.0, contention_rho=0.95,
     )
 
 
