@@ -12,6 +12,8 @@ assuming 1 ns. Not yet measured on a GPU in this repository.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import triton
@@ -20,7 +22,10 @@ import triton.language as tl
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return bool(triton.knobs.runtime.interpret)
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4; older ones read the env var
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def use_clock(clock: bool | None = None) -> bool:

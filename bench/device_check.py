@@ -1,0 +1,389 @@
+"""The device check: one command that runs every GPU test and the device backend's
+microbenchmarks in under 5 minutes and writes `<out>/<date>-<gpu>.json` and `.md` (GPU, driver,
+torch, triton, cupy, NCCL versions, date, commit, and every figure measured), plus a log.
+
+    python bench/device_check.py                 # results in bench/results/
+    python bench/device_check.py --out "$OUT"    # on the lent GPU machine
+
+Measured here: the timer tick; spin-wait error (applied - requested, 5 to 1000 us, p50/p99);
+added time per paced collective, eager and in a CUDA graph (single-rank NCCL all_reduce of
+4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step; plus whatever the
+GPU tests record (virtual-cluster spread error, spin coupling, learned delay). The benchmark
+suite of `python -m bench --suite gpu --quick` runs too when it is there; its files are packed
+into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collective, spin
+error p99 <= tick + 1 us, zero syncs) are compared, never assumed: until this has run on a GPU
+they are not yet measured on a GPU.
+
+Without CUDA it prints why, writes nothing and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "bench" / "results"
+TARGETS = {"graph_overhead_us": 3.0, "eager_overhead_us": 15.0, "spin_error_over_tick_us": 1.0,
+           "host_syncs_per_step": 0.0}
+SPIN_DELAYS_US = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def cuda_missing() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "gpu"
+
+
+def _version(mod: str) -> str | None:
+    try:
+        return str(__import__(mod).__version__)
+    except Exception:  # a missing or broken package is a fact to record
+        return None
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "python": platform.python_version(), "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "triton": _version("triton"), "cupy": _version("cupy"),
+        "numpy": np.__version__, "driver": None, "nccl": None, "commit": None,
+    }
+    try:
+        info["driver"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except Exception:  # no nvidia-smi: leave it unknown
+        pass
+    try:
+        v = torch.cuda.nccl.version()
+        info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    except Exception:
+        pass
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                        capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        pass
+    return info
+
+
+def quantiles(x) -> dict[str, float]:
+    a = np.asarray(x, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(a, q)) for q in (20, 50, 80, 99)} | {"n": int(a.size)}
+
+
+# -- microbenchmarks ---------------------------------------------------------------------------
+
+def bench_tick_and_spin(fig: dict[str, Any]) -> None:
+    import torch
+    from gpupace.kernels import clock, spin
+
+    fig["timer_tick_ns"] = float(np.median([clock.measure_tick() for _ in range(5)]))
+    reps = 100
+    d = torch.zeros(1, device="cuda")
+    applied = torch.zeros(reps, device="cuda")
+    reads = torch.zeros(reps, dtype=torch.int32, device="cuda")
+    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
+    per, all_err = {}, []
+    for req in SPIN_DELAYS_US:
+        d.fill_(req)
+        for r in range(reps):
+            spin.spin(d, applied[r:r + 1], reads[r:r + 1], clk, cap_us=2000.0)
+        err = applied.cpu().numpy().astype(np.float64) - req
+        per[str(req)] = quantiles(err)
+        all_err.append(err)
+    fig["spin_error_us"] = quantiles(np.concatenate(all_err)) | {"by_delay": per}
+
+
+def _nccl_group():
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = tempfile.mktemp(prefix="gpupace-check-")
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+    return dist.group.WORLD
+
+
+def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> None:
+    """Added time per paced collective: paced minus plain steps, divided by the sites per step.
+    Eager: host wall-clock per step with a sync at the end of each window (launch-bound, as
+    a training loop of small collectives is). Graph: CUDA events around replays."""
+    import torch
+    import torch.distributed as dist
+
+    from gpupace import PaceConfig, Pacer
+
+    group = _nccl_group()
+    x = torch.ones(1024, device="cuda")
+    out: dict[str, Any] = {}
+    for sites in (1, 8):
+        pacer = Pacer(PaceConfig(mode="pace", max_sites=8), group, backend="device")
+
+        def plain(sites=sites):
+            for _ in range(sites):
+                dist.all_reduce(x)
+
+        def paced(sites=sites, pacer=pacer):
+            for _ in range(sites):
+                pacer.all_reduce(x)
+            pacer.step()
+
+        for fn in (plain, paced, plain, paced):  # warm-up: compile, NCCL init, pinned buffers
+            fn()
+        torch.cuda.synchronize()
+        eager = {"plain": [], "paced": []}
+        for _ in range(windows):
+            for name, fn in (("plain", plain), ("paced", paced)):  # interleaved
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                torch.cuda.synchronize()
+                eager[name].append((time.perf_counter() - t0) / iters * 1e6)
+        diff = (np.array(eager["paced"]) - np.array(eager["plain"])) / sites
+        out[f"eager_{sites}_sites"] = {"per_collective_us": quantiles(diff),
+                                       "plain_step_us": quantiles(eager["plain"]),
+                                       "paced_step_us": quantiles(eager["paced"])}
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graphs = {}
+        with torch.cuda.stream(s):
+            pacer.warmup()
+            for name, fn in (("plain", plain), ("paced", paced)):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s):
+                    fn()
+                graphs[name] = g
+        torch.cuda.current_stream().wait_stream(s)
+        for g in graphs.values():
+            g.replay()
+        torch.cuda.synchronize()
+        graph = {"plain": [], "paced": []}
+        for _ in range(windows):
+            for name, g in graphs.items():
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record()
+                for _ in range(iters):
+                    g.replay()
+                t1.record()
+                t1.synchronize()
+                graph[name].append(t0.elapsed_time(t1) * 1e3 / iters)
+        diff = (np.array(graph["paced"]) - np.array(graph["plain"])) / sites
+        out[f"graph_{sites}_sites"] = {"per_collective_us": quantiles(diff),
+                                       "plain_step_us": quantiles(graph["plain"]),
+                                       "paced_step_us": quantiles(graph["paced"])}
+        pacer.close()
+    fig["overhead"] = out
+
+
+def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
+    import torch
+
+    from gpupace import PaceConfig, Pacer
+
+    pacer = Pacer(PaceConfig(mode="pace"), _nccl_group(), backend="device")
+    x = torch.ones(1024, device="cuda")
+    for _ in range(3):
+        pacer.all_reduce(x)
+        pacer.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                pacer.all_reduce(x)
+                pacer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    n = sum("synchroniz" in str(w.message).lower() for w in caught)
+    fig["host_syncs_per_step"] = n / steps
+
+
+# -- steps of the check ------------------------------------------------------------------------
+
+def run_tests(fig_path: Path, log: list[str], timeout_s: int) -> dict[str, Any]:
+    env = dict(os.environ, GPUPACE_FIGURES=str(fig_path), PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    junit = fig_path.with_suffix(".xml")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+           "--timeout", "120", f"--junitxml={junit}", "tests/gpu"]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
+    log.append(f"$ {' '.join(cmd)}\n{out}")
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
+    if junit.exists():
+        text = junit.read_text(encoding="utf-8")
+        m = re.search(r'<testsuite [^>]*errors="(\d+)" failures="(\d+)" skipped="(\d+)" tests="(\d+)"', text)
+        if m:
+            e, f, s, t = map(int, m.groups())
+            counts = {"passed": t - e - f - s, "failed": f, "skipped": s, "errors": e}
+    return {"returncode": rc, "seconds": round(time.perf_counter() - t0, 1), **counts}
+
+
+def run_bench_suite(out: Path, stem: str, log: list[str], timeout_s: int) -> dict[str, Any]:
+    if not (ROOT / "bench" / "__main__.py").exists():
+        return {"ran": False, "why": "bench/__main__.py is not there"}
+    suite_dir = Path(tempfile.mkdtemp(prefix="gpupace-suite-"))
+    cmd = [sys.executable, "-m", "bench", "--suite", "gpu", "--quick", "--out", str(suite_dir)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
+    log.append(f"$ {' '.join(cmd)}\n{text}")
+    files = sorted(q for q in suite_dir.rglob("*") if q.is_file())
+    tar = out / f"{stem}-suite.tar"
+    if files:
+        with tarfile.open(tar, "w") as tf:
+            for q in files:
+                tf.add(q, arcname=q.relative_to(suite_dir))
+    return {"ran": True, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
+            "files": [q.name for q in files], "tar": tar.name if files else None}
+
+
+def verdicts(fig: dict[str, Any]) -> dict[str, str]:
+    """Each target against what was measured (p50 of the per-collective overhead; p99 of the
+    spin error over the measured tick); 'not measured' where the figure is missing."""
+    out = {}
+    ov = fig.get("overhead", {})
+    for mode, key in (("graph", "graph_overhead_us"), ("eager", "eager_overhead_us")):
+        vals = [v["per_collective_us"]["p50"] for k, v in ov.items() if k.startswith(mode)]
+        out[key] = ("not measured" if not vals else
+                    f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
+                    f"{max(vals):.2f} us vs <= {TARGETS[key]} us")
+    sp, tick = fig.get("spin_error_us"), fig.get("timer_tick_ns")
+    if sp and tick:
+        lim = tick / 1e3 + TARGETS["spin_error_over_tick_us"]
+        out["spin_error_p99"] = (f"{'met' if sp['p99'] <= lim else 'missed'}: p99 "
+                                 f"{sp['p99']:.2f} us vs <= tick + 1 = {lim:.2f} us")
+    else:
+        out["spin_error_p99"] = "not measured"
+    syncs = fig.get("host_syncs_per_step")
+    out["host_syncs_per_step"] = ("not measured" if syncs is None else
+                                  f"{'met' if syncs == 0 else 'missed'}: {syncs}")
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m, fig = res["machine"], res["figures"]
+    lines = [f"# gpupace device check, {m['gpu']}, {m['date']}", "",
+             "| | |", "|---|---|"]
+    for k in ("gpu", "sms", "driver", "torch", "torch_cuda", "triton", "cupy", "nccl", "python",
+              "commit"):
+        lines.append(f"| {k} | {m.get(k)} |")
+    t = res["tests"]
+    lines += ["", f"GPU tests: {t.get('passed')} passed, {t.get('failed')} failed, "
+              f"{t.get('errors')} errors, {t.get('skipped')} skipped ({t.get('seconds')} s).", "",
+              "## Targets", "", "| target | result |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in res["verdicts"].items()]
+    lines += ["", "## Added time per paced collective (us; paced minus plain step, per site)", "",
+              "| mode | p20 | p50 | p80 | plain step p50 | paced step p50 |", "|---|---|---|---|---|---|"]
+    for k, v in fig.get("overhead", {}).items():
+        q = v["per_collective_us"]
+        lines.append(f"| {k} | {q['p20']:.2f} | {q['p50']:.2f} | {q['p80']:.2f} | "
+                     f"{v['plain_step_us']['p50']:.2f} | {v['paced_step_us']['p50']:.2f} |")
+    sp = fig.get("spin_error_us")
+    if sp:
+        lines += ["", f"## Spin-wait error, applied - requested (us); timer tick "
+                  f"{fig.get('timer_tick_ns')} ns", "", "| requested | p50 | p99 |", "|---|---|---|"]
+        lines += [f"| {k} | {v['p50']:.3f} | {v['p99']:.3f} |" for k, v in sp["by_delay"].items()]
+        lines.append(f"| all | {sp['p50']:.3f} | {sp['p99']:.3f} |")
+    rest = {k: v for k, v in fig.items() if k not in ("overhead", "spin_error_us")}
+    lines += ["", "## Other figures", "", "```json", json.dumps(rest, indent=1, default=float), "```"]
+    s = res.get("bench_suite", {})
+    lines += ["", f"Benchmark suite: {json.dumps(s)}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = res["stem"]
+    j, md = out / f"{stem}.json", out / f"{stem}.md"
+    j.write_text(json.dumps(res, indent=2, default=float) + "\n", encoding="utf-8")
+    md.write_text(markdown(res), encoding="utf-8")
+    return j, md
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
+    ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
+    ap.add_argument("--tests-timeout", type=int, default=150)
+    ap.add_argument("--suite-timeout", type=int, default=90)
+    args = ap.parse_args(argv)
+
+    why = cuda_missing()
+    if why:
+        print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
+        return 0
+    t_start = time.perf_counter()
+    info = machine()
+    stem = f"{info['date'][:10]}-{slug(info['gpu'])}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    log: list[str] = []
+    fig_path = Path(tempfile.mkdtemp(prefix="gpupace-check-")) / "figures.json"
+    print(f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
+          f"cupy {info['cupy']}); GPU tests...", flush=True)
+    tests = run_tests(fig_path, log, args.tests_timeout)
+    print(f"  tests: {tests}", flush=True)
+    fig: dict[str, Any] = json.loads(fig_path.read_text()) if fig_path.exists() else {}
+    errors: dict[str, str] = {}
+    for name, fn in (("tick_and_spin", bench_tick_and_spin), ("overhead", bench_overhead),
+                     ("syncs", bench_syncs)):
+        print(f"  microbenchmark {name}...", flush=True)
+        try:
+            fn(fig)
+        except Exception as e:  # one broken benchmark must not lose the others' figures
+            errors[name] = f"{type(e).__name__}: {e}"
+            print(f"  {name} FAILED: {errors[name]}", flush=True)
+    suite = ({"ran": False, "why": "--no-suite"} if args.no_suite
+             else run_bench_suite(args.out, stem, log, args.suite_timeout))
+    res = {"stem": stem, "machine": info, "tests": tests, "figures": fig, "bench_errors": errors,
+           "bench_suite": suite, "targets": TARGETS, "verdicts": verdicts(fig),
+           "seconds": round(time.perf_counter() - t_start, 1)}
+    j, md = write_results(res, args.out)
+    (args.out / f"{stem}.log").write_text("\n\n".join(log), encoding="utf-8")
+    print(markdown(res), flush=True)
+    print(f"wrote {j}, {md} in {res['seconds']} s", flush=True)
+    ok = tests["returncode"] == 0 and not errors
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # run from a checkout: `python bench/device_check.py`
+    sys.exit(main())
