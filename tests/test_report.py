@@ -212,3 +212,14 @@ def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
     # The same file given twice is two runs (same rank), with distinct labels
     twice = load_runs([paths[0], paths[0]])
     assert len(twice) == 2 and twice[0].label != twice[1].label
+
+
+def test_large_files_report_progress(sim_dir, monkeypatch):
+    import gpupace.report.load as load
+
+    path, _ = _telemetry(sim_dir, "jitter", 2, 4, 1)
+    monkeypatch.setattr(load, "PROGRESS_BYTES", 0)  # every file counts as large
+    said: list[str] = []
+    runs = load.load_runs([path], progress=said.append)
+    assert runs[0].steps == STEPS and runs[0].mode == "observe"  # simulated, policy none
+    assert said[0].startswith(f"reading {path.name}") and f"{STEPS} steps" in said[-1]

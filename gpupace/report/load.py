@@ -64,7 +64,12 @@ class Run:
 
     @property
     def mode(self) -> str:
-        """The pacing mode from the header's config ("observe", "pace", ...), or ""."""
+        """The pacing mode from the header's config ("observe", "pace", ...), or "". A
+        simulated run's config is the policy's even when it ran unpaced: its `sim.policy`
+        decides."""
+        sim = self.header.get("sim")
+        if isinstance(sim, dict) and sim.get("policy"):
+            return "observe" if sim["policy"] == "none" else "pace"
         cfg = self.header.get("config") or {}
         return str(cfg.get("mode", "")) if isinstance(cfg, dict) else ""
 
