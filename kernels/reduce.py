@@ -128,7 +128,7 @@ def _reduce_kernel() -> Any:
     """The compiled kernel (NVRTC, on first use; `warmup` calls this before any capture)."""
     import cupy
 
-    kernel = cupy.RawKernel(_SOURCE, "gpupace_reduce", options=("--std=c++14",))
+    kernel = cupy.RawKernel(_SOURCE, "gpupace_reduce")
     kernel.compile()
     return kernel
 

@@ -35,6 +35,9 @@ from ..telemetry import StepRecord
 from . import device_backend_missing
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
+# Eager phase timing records two CUDA events per site, a few us of host time each: sample one
+# step in PHASE_EVERY so that the average cost per paced collective stays small.
+PHASE_EVERY = 8
 
 
 class WarmupError(RuntimeError):
@@ -67,6 +70,7 @@ class DeviceEngine:
         self.max_sites = m = config.max_sites
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.cap_us = float(config.max_delay_us)
+        self._max_reads = spin.max_reads_for(self.cap_us)
         n, r = world_size, 2 + 2 * m
         f32, i32, i64 = torch.float32, torch.int32, torch.int64
         z = dict(device=dev)
@@ -111,6 +115,7 @@ class DeviceEngine:
     def _new_step(self) -> None:
         self.generation += 1  # exits of an older step are ignored
         self.n_sites = 0
+        self._timed = self.device.type == "cuda" and self._calls % PHASE_EVERY == 0
 
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -137,10 +142,11 @@ class DeviceEngine:
         k = self.n_sites
         self.n_sites += 1
         if k < self.max_sites:
-            if self.device.type == "cuda" and not capturing:
+            if self._timed and not capturing:
                 self._step_events.append([self._event(), None])
             self._k_spin.enter(self.state["delay"], self.row, self.stamps, self.clk, k,
-                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us)
+                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us,
+                               max_reads=self._max_reads)
         return self.generation, k
 
     def exit(self, ticket: tuple[int, int]) -> None:
@@ -149,7 +155,7 @@ class DeviceEngine:
             return  # an async collective that outlived its step, or a site past max_sites
         capturing = self._check_capture()
         self._k_stamp.exit_stamp(self.row, self.stamps, self.clk, k)
-        if self.device.type == "cuda" and not capturing and k < len(self._step_events):
+        if self._timed and not capturing and k < len(self._step_events):
             self._step_events[k][1] = self._event()
 
     # -- per step ---------------------------------------------------------------------------
@@ -162,17 +168,20 @@ class DeviceEngine:
         self._reduce(n)
         self._k_update.update(self.gathered, self.row, self.red, self.state, self.ring,
                               self.ring_step, self.params, n_sites=n, rank=self.rank)
-        self._new_step()
         if capturing:
+            self._new_step()
             return None
         self._times.append((self._calls, step, time_s))
         self._calls += 1
         if self.device.type == "cuda":
-            end = self._event()
+            # A timed step's end event; a step before a timed one records one as its start.
+            timed_next = self._calls % PHASE_EVERY == 0
+            end = self._event() if self._step_events or timed_next else None
             if self._step_events:
                 self._pending_phases.append((step, [self._prev_end_event, *self._step_events, end]))
             self._step_events, self._prev_end_event = [], end
             self._collect_phases()
+        self._new_step()
         self._poll(self._calls % COPY_EVERY == 0)
         return self._records.popleft() if self._records else None
 

@@ -59,6 +59,9 @@ def test_zero_host_syncs_per_step(nccl_group, figures):
         torch.cuda.set_sync_debug_mode(0)
     records = pacer._engine.drain()
     assert records and all(r.step_time_us > 0 for r in records[1:])
+    phases = pacer._engine.phase_times()  # eager CUDA-event timing, sampled steps
+    assert phases and all(p["collective_us"] > 0 for p in phases)
+    assert any(p["compute_us"] == p["compute_us"] for p in phases)  # a timed step had a start
 
 
 def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
