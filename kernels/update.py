@@ -217,6 +217,12 @@ def block_n(n_ranks: int) -> int:
     return max(16, triton.next_power_of_2(int(n_ranks)))
 
 
+def num_warps_for(n_ranks: int) -> int:
+    """About 8 elements of each rank vector per thread: a dozen such vectors live at once, and
+    more per thread would spill registers at thousands of ranks."""
+    return min(16, max(4, block_n(n_ranks) // 256))
+
+
 def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tensor],
            state: dict[str, torch.Tensor], ring: torch.Tensor, ring_step: torch.Tensor,
            params: Any, *, n_sites: int, rank: int) -> None:
@@ -243,5 +249,5 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
         int(p.warmup_steps),
-        ABSURD_US, BLOCK_N=block_n(n_ranks), num_warps=4,
+        ABSURD_US, BLOCK_N=block_n(n_ranks), num_warps=num_warps_for(n_ranks),
     )
