@@ -1,7 +1,7 @@
 """Failure-mode diagnosis: splits the time a run lost against an ideal step between the
 study's four failure modes, each with a share, a confidence, its evidence and its ranks.
 
-Method (all from the clock-free telemetry; times in us):
+Method (all from the clock-free telemetry; times in us; warm-up steps left out):
 - Ideal step: the 5th percentile of the measured step times (the fastest step the job
   repeats, not one lucky step), less the steady offset of persistently late ranks, which
   every step pays so no percentile removes it. Lost time = sum over steps of
@@ -238,9 +238,10 @@ def diagnose(run: Run) -> Diagnosis:
     """The diagnosis of one run. Never raises on odd data: too little of it gives
     "not enough evidence" everywhere, with the reason in the summary."""
     st_all = run.step_time
-    ok = np.isfinite(st_all) & (st_all > 0)
+    ok = np.isfinite(st_all) & (st_all > 0) & (run.step >= run.warmup_steps)
     n = int(ok.sum())
     summary: dict[str, Any] = {"label": run.label, "steps": run.steps, "measured_steps": n,
+                               "warmup_steps_left_out": run.warmup_steps,
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
         summary["note"] = f"only {n} measured steps (need {MIN_STEPS}): not enough evidence"

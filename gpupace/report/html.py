@@ -21,6 +21,7 @@ from .load import Run
 
 SUMMARY_ROWS = (  # key, label, scale, format
     ("steps", "steps", 1, "{:.0f}"),
+    ("warmup_steps_left_out", "warm-up steps left out", 1, "{:.0f}"),
     ("throughput", "throughput ({unit})", 1, "{:,.1f}"),
     ("step_time_mean", "step time mean (ms)", 1e-3, "{:.2f}"),
     ("step_time_cv", "step time CV", 1, "{:.3f}"),
@@ -52,6 +53,7 @@ def run_summary(run: Run, diag: Diagnosis) -> dict[str, Any]:
     recs = _records_view(run)
     s = summarize(recs, run.world_size, spp or 1.0)
     s["throughput_unit"] = "samples/s" if spp else "steps/s"
+    s["steps"] = run.steps  # all read; the figures leave out the warm-up
     s.pop("units", None)
     s.update({k: v for k, v in diag.summary.items() if k not in s})
     s.update(label=run.label, file=str(run.path), source=run.header.get("source", ""),
@@ -69,7 +71,7 @@ def _records_view(run: Run) -> list[Any]:
                        straggler=int(run.straggler[k]), active=bool(run.active[k]),
                        earliness_us=[0.0] * run.world_size,
                        delay_us=[float(v) for v in run.delay[k] if math.isfinite(v)])
-            for k in range(run.steps)]
+            for k in range(run.steps) if run.step[k] >= run.warmup_steps]
 
 
 def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
@@ -169,7 +171,7 @@ def _short(v: Any) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, float):
-        return f"{v:.3g}"
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_short(x)}" for k, x in list(v.items())[:8]) + "}"
     return str(v)

@@ -74,6 +74,17 @@ class Run:
         return str(cfg.get("mode", "")) if isinstance(cfg, dict) else ""
 
     @property
+    def warmup_steps(self) -> int:
+        """Steps at the start that the figures leave out, as `Pacer.summary` does: the
+        config's `warmup_steps` (compilation, autotuning, allocator, DDP bucket rebuild).
+        0 for a simulated run, which has no warm-up, or when the header does not say."""
+        if self.header.get("source") == "sim":
+            return 0
+        cfg = self.header.get("config") or {}
+        v = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
+        return int(v) if isinstance(v, (int, float)) and v > 0 else 0
+
+    @property
     def gpus_per_node(self) -> int | None:
         """Ranks per node when the header says (the simulator's scenario, or a
         `gpus_per_node` entry a job added), else None."""

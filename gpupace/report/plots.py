@@ -59,16 +59,20 @@ def _binned(x: np.ndarray, y: np.ndarray, n: int = MAX_POINTS):
     return np.array(xs), np.array(med), np.array(lo), np.array(hi)
 
 
-def _ylim(ax: Any, values: list[np.ndarray]) -> int:
-    """Caps the y axis at 1.3 x the 99.5th percentile, so one huge outlier (a first step,
-    a checkpoint) does not flatten the rest; returns how many points lie above."""
-    v = np.concatenate([a[np.isfinite(a)] for a in values]) if values else np.array([])
-    if v.size == 0:
+def _ylim(ax: Any, steady: list[np.ndarray], every: list[np.ndarray]) -> int:
+    """Caps the y axis at 1.3 x the 99.5th percentile of the steady (after warm-up) points,
+    so one huge outlier (a first step, a checkpoint) does not flatten the rest; returns how
+    many of all the points lie above."""
+    def cat(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate([a[np.isfinite(a)] for a in arrays]) if arrays else np.array([])
+
+    v, allv = cat(steady), cat(every)
+    if v.size == 0 or allv.size == 0:
         return 0
     top = float(np.percentile(v, 99.5)) * 1.3
-    if top > 0 and v.max() > top:
-        ax.set_ylim(bottom=min(0.0, float(v.min())), top=top)
-        return int((v > top).sum())
+    if top > 0 and allv.max() > top:
+        ax.set_ylim(bottom=min(0.0, float(allv.min())), top=top)
+        return int((allv > top).sum())
     return 0
 
 
@@ -76,7 +80,7 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
             get: Any, extra: Any = None) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.6))
-    shown = []
+    shown, every = [], []
     for i, run in enumerate(runs):
         y = get(run) / 1e3
         x, med, lo, hi = _binned(run.step.astype(float), y)
@@ -86,8 +90,9 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
             ax.fill_between(x, lo, hi, color=c, alpha=0.2, lw=0)
         if extra is not None:
             extra(ax, run, c)
-        shown.append(hi)
-    above = _ylim(ax, shown)
+        shown.append(hi[x >= run.warmup_steps])  # warm-up outliers may leave the axis
+        every.append(hi)
+    above = _ylim(ax, shown, every)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"  ({above} points above the axis)" if above else ""))
@@ -98,8 +103,12 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
 
 def step_time(runs: Sequence[Run], out: Path) -> str:
     """Step time over the run, one line per run."""
-    return _series(runs, out, "step_time.png", "Step time", "step time (ms)",
-                   lambda r: r.step_time)
+    def warmup(ax: Any, run: Run, c: str) -> None:
+        if run.warmup_steps:
+            ax.axvline(run.warmup_steps, color=c, ls="--", lw=0.8, alpha=0.7)
+
+    return _series(runs, out, "step_time.png", "Step time (dashed: end of warm-up)",
+                   "step time (ms)", lambda r: r.step_time, warmup)
 
 
 def spread(runs: Sequence[Run], out: Path) -> str:
@@ -147,14 +156,14 @@ def lateness_heatmap(run: Run, out: Path, name: str) -> str:
     with np.errstate(all="ignore"):
         late = (ref - e) / 1e3  # ms
     late = _pool(_pool(late, MAX_HEAT_STEPS, axis=0), MAX_HEAT_RANKS, axis=1)
-    fig, ax = plt.subplots(figsize=(9, max(2.4, min(6.0, 1.2 + 0.25 * late.shape[1]))))
+    fig, ax = plt.subplots(figsize=(9, max(2.8, min(6.0, 1.2 + 0.25 * late.shape[1]))))
     finite = late[np.isfinite(late)]
     lim = float(np.percentile(np.abs(finite), 99)) if finite.size else 1.0
     im = ax.imshow(late.T, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim or 1.0,
                    interpolation="nearest", origin="lower",
                    extent=(float(run.step[0]), float(run.step[-1]) + 1, -0.5,
                            run.world_size - 0.5))
-    fig.colorbar(im, ax=ax, label="late behind the median rank (ms)")
+    fig.colorbar(im, ax=ax, label="late vs median rank (ms)")
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
     ax.set_title(f"Per-rank lateness: {run.label}")
