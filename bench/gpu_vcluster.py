@@ -1,24 +1,95 @@
-"""GPU benchmark of the virtual cluster (`gpupace.vcluster`, issue 3: N streams in one process
-as N ranks with a device-side barrier): what pacing costs there, paced against unpaced steps.
+"""GPU benchmark of the virtual cluster (`gpupace.vcluster.VirtualCluster`: N streams in one
+process as N ranks, a device-side barrier for the collective, all stamps on one clock): what
+pacing costs there, and what it does to the spread.
 
-The virtual cluster was not in the repository when this suite was written, so this benchmark
-skips with a reason naming what is missing; it is to be written against its launcher API once
-that exists (the suite records the skip, it never writes a figure it did not measure).
+Two clusters run the same injected skew, step by step interleaved: one in `observe` mode (the
+pacing kernels run, delays stay zero) and one in `pace` mode. Rank i computes for
+`BASE_US + i * OFFSET_US` plus a little noise, so the arrival spread sits above the pacing
+threshold and the policy engages after its warm-up. Per step: the wall time (host launch
+included, `synchronize` after each step: the virtual cluster is eager only), paced minus
+observed pair by pair; and from the shared clock, the true arrival spread, the entry spread
+after pacing and the estimator's error, over the second half of the steps.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import gpu_common as gc
-from .harness import Harness
+from .harness import Harness, interleave
+
+N_RANKS = 8
+BASE_US, OFFSET_US, NOISE_US = 200.0, 60.0, 20.0
 
 
 def bench_vcluster(h: Harness) -> None:
-    why = gc.missing("cuda", "triton", "gpupace.vcluster")
+    why = gc.missing("cuda", "triton", "cupy", "gpupace.vcluster:VirtualCluster")
     if why:
         h.skip("vcluster", why)
         return
-    h.skip(
-        "vcluster",
-        "gpupace.vcluster exists but this benchmark predates its API: "
-        "no measurement written for it yet (bench/gpu_vcluster.py)",
+    import torch
+
+    from gpupace import PaceConfig
+    from gpupace.vcluster import VirtualCluster
+
+    steps = 60 if h.quick else 300
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n = min(N_RANKS, (sms - 1) // 2)  # VirtualCluster needs n * (ctas + 1) < SMs
+    rng = np.random.default_rng(0)
+    skew = BASE_US + OFFSET_US * np.arange(n) + rng.uniform(0, NOISE_US, size=(steps + 8, n))
+    skew_dev = torch.tensor(skew, dtype=torch.float32, device="cuda")
+    clusters = {
+        mode: VirtualCluster(n, PaceConfig(mode=mode), n_sites=1, ctas=1, max_steps=steps + 8)
+        for mode in ("observe", "pace")
+    }
+    k = {mode: 0 for mode in clusters}
+
+    def stepper(mode: str):
+        def run() -> None:
+            clusters[mode].step(skew_dev[k[mode]])
+            k[mode] += 1
+
+        return run
+
+    wall = interleave(
+        {m: stepper(m) for m in clusters}, warmup=4, repeats=steps, sync=torch.cuda.synchronize
     )
+    case = {
+        "ranks": n,
+        "sites": 1,
+        "ctas": 1,
+        "skew": f"{BASE_US:g}+{OFFSET_US:g}*rank+U(0,{NOISE_US:g}) us",
+    }
+    for mode, x in wall.items():
+        h.record("vcluster", {**case, "mode": mode, "what": "step wall time"}, x)
+    h.record(
+        "vcluster",
+        {**case, "what": "pace - observe, step wall time"},
+        wall["pace"] - wall["observe"],
+        metric="overhead",
+    )
+    half = slice(4 + steps // 2, None)  # past warm-up and the policy's ramp
+    facts = {}
+    for mode, vc in clusters.items():
+        r = vc.results()
+        c = {**case, "mode": mode, "steps": f"last {steps - steps // 2}"}
+        h.record("vcluster", {**c, "what": "true arrival spread"}, r.true_spread[half].ravel())
+        h.record(
+            "vcluster",
+            {**c, "what": "true entry spread (after pacing)"},
+            r.true_entry_spread[half].ravel(),
+        )
+        h.record(
+            "vcluster",
+            {**c, "what": "estimated - true spread"},
+            (r.est_spread - r.true_spread)[half].ravel(),
+        )
+        h.record(
+            "vcluster",
+            {**c, "what": "delay applied, mean over ranks"},
+            r.delay[half].mean(axis=1).ravel(),
+        )
+        facts[mode] = {"timed_out": r.timed_out}
+        if r.timed_out:
+            h.progress(f"vcluster {mode}: a barrier timed out; its figures are suspect")
+    h.extras["vcluster"] = facts
