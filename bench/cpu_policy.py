@@ -130,15 +130,16 @@ def profile(n_ranks: int, n_sites: int, calls: int = 300) -> str:
 
 
 def reduction_layout(h: Harness, n_ranks: int, n_sites: int, reps: int) -> None:
-    """The update reduces over ranks (axis 0 of [N, S]) several times per call; at small S
-    NumPy walks that axis slowly. Times the same reductions on both layouts, and the median
-    of the step times, to show where the update's time goes."""
+    """The NumPy update (`update_reference`) reduces over ranks (axis 0 of [N, S]) several
+    times per call; at small S NumPy walks that axis slowly. Times the same reductions on both
+    layouts, the median of the step times and one tiny NumPy call (the per-call floor), to show
+    where a NumPy update's time goes. The fused Numba path cannot be profiled this way."""
     a = np.random.default_rng(1).uniform(0, 1000, size=(n_ranks, n_sites))
     at = np.ascontiguousarray(a.T)
     steps = a[:, 0].copy()
     small = a[:8, :1].copy()
     ops = {
-        "min over ranks, [N,S] axis 0 (as in update)": lambda: a.min(axis=0),
+        "min over ranks, [N,S] axis 0 (as in update_reference)": lambda: a.min(axis=0),
         "min over ranks, [S,N] axis 1 (transposed)": lambda: at.min(axis=1),
         "nanmin over ranks, [N,S] axis 0": lambda: np.nanmin(a, axis=0),
         "argmin over ranks, [N,S] axis 0": lambda: a.argmin(axis=0),
