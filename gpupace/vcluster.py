@@ -77,6 +77,8 @@ class VirtualCluster:
                     "median": torch.zeros(1, dtype=f32, device=dev)}
         self.state = {"floor": torch.zeros(n, m, dtype=f32, device=dev),
                       "calm": torch.zeros(n, m, dtype=i32, device=dev),
+                      "mean": torch.zeros(n, m, dtype=f32, device=dev),
+                      "var": torch.full((n, m), -1.0, dtype=f32, device=dev),
                       "delay": torch.zeros(n, m, dtype=f32, device=dev),
                       "active": torch.zeros(m, dtype=i32, device=dev),
                       "above": torch.zeros(m, dtype=i32, device=dev),

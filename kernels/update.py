@@ -11,10 +11,12 @@ Identical to `gpupace.policy.update` (the NumPy reference):
   straggler (lowest rank on ties), transfer and residual (from the reduction);
 - warm-up (steps <= warmup_steps measure but never learn or pace), the fast-down floor that
   rises only after `holdoff_steps` calm steps (the calm counter: steps since the rank was within
-  guard_us of the last arrival), floors and calm counters of invalid ranks reset to 0, the above/below counters and the on/off hysteresis, only
+  guard_us of the last arrival), the running mean and variance of earliness (rate floor_rise,
+  variance -1 until the first sample), all reset for invalid ranks, the above/below counters and the on/off hysteresis, only
   with two or more valid ranks;
 - the cap min(max_delay_us, cap_fraction * median of the known step times), 0 when none is known;
-- next delay clamp(gain * floor - guard, 0, cap), zero at inactive sites, for invalid ranks and
+- next delay clamp(gain * min(floor, mean - safety_z * sd) - guard, 0, cap) (plain floor when
+  the params have no `safety_z`, as older policies), zero at inactive sites, for invalid ranks and
   for each site's straggler; a rank's delays over all sites scaled down to sum to at most cap;
   all zero while warming, outside `pace` mode or with fewer than two valid ranks;
 - the host engine's rules around the policy: when the ranks' site counts disagree (or are 0)
@@ -87,11 +89,11 @@ def record_len(n_ranks: int, max_sites: int) -> int:
 def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr,
-    floor_ptr, calm_ptr, delay_ptr, active_ptr, above_ptr, below_ptr, counter_ptr,
-    row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
+    floor_ptr, calm_ptr, mean_ptr, var_ptr, delay_ptr, active_ptr, above_ptr, below_ptr,
+    counter_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
-    rise, fall, holdoff, warmup_steps, absurd,
-    BLOCK_N: tl.constexpr,
+    rise, fall, holdoff, safety_z, warmup_steps, absurd,
+    BLOCK_N: tl.constexpr, SAFETY: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_N)
     rmask = offs < n_ranks
@@ -151,6 +153,8 @@ def _update_kernel(
         f = tl.where(fresh, 0.0, f)
         c = tl.load(calm_ptr + offs * max_sites + s, mask=rmask, other=0)
         c = tl.where(fresh, 0, c)
+        mu = tl.where(fresh, 0.0, tl.load(mean_ptr + offs * max_sites + s, mask=rmask, other=0.0))
+        var = tl.where(fresh, -1.0, tl.load(var_ptr + offs * max_sites + s, mask=rmask, other=-1.0))
         act = tl.where(fresh, 0, tl.load(active_ptr + s)) != 0
         ab = tl.where(fresh, 0, tl.load(above_ptr + s))
         be = tl.where(fresh, 0, tl.load(below_ptr + s))
@@ -158,19 +162,33 @@ def _update_kernel(
         c = tl.where(learn, tl.where(e <= guard, 0, c + 1), c)
         rate = tl.where(e < f, fall, tl.where(c >= holdoff, rise, 0.0))
         f = tl.where(learn, f + rate * (e - f), f)
+        # Exponentially weighted mean and variance of earliness, started at the first sample
+        # (var < 0: none yet).
+        first = var < 0.0
+        diff = tl.where(first, 0.0, e - mu)
+        mu = tl.where(learn, tl.where(first, e, mu + rise * diff), mu)
+        var = tl.where(learn, (1.0 - rise) * (tl.maximum(var, 0.0) + rise * diff * diff), var)
         ab = tl.where(learn, tl.where(spread > threshold, ab + 1, 0), ab)
         be = tl.where(learn, tl.where(spread < release, be + 1, 0), be)
         switched = (act | ((~act) & (ab >= on_steps))) & ~(act & (be >= off_steps))
         act = tl.where(learn & pace, switched, act) & pace
         f = tl.where(valid, f, 0.0)
         c = tl.where(valid, c, 0)
+        mu = tl.where(valid, mu, 0.0)
+        var = tl.where(valid, var, -1.0)
         any_active = any_active | act.to(tl.int32)
 
-        nd = tl.minimum(tl.maximum(gain * f - guard, 0.0), cap)
+        if SAFETY:  # below the floor and below mean - z sigma (no rank pushed past the last)
+            bound = tl.minimum(f, mu - safety_z * tl.sqrt(tl.maximum(var, 0.0)))
+        else:
+            bound = f
+        nd = tl.minimum(tl.maximum(gain * bound - guard, 0.0), cap)
         nd = tl.where(act & valid & (offs != strag), nd, 0.0)
         row_total += nd
         tl.store(floor_ptr + offs * max_sites + s, f, mask=amask)
         tl.store(calm_ptr + offs * max_sites + s, c, mask=amask)
+        tl.store(mean_ptr + offs * max_sites + s, mu, mask=amask)
+        tl.store(var_ptr + offs * max_sites + s, var, mask=amask)
         tl.store(delay_ptr + offs * max_sites + s, nd, mask=rmask)
         if agree:
             tl.store(active_ptr + s, act.to(tl.int32))
@@ -230,7 +248,7 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
 
     `gathered` float32 [N, 2 + 2M]; `row` this rank's float32 [2 + 2M] row (reset here for the
     next step); `red` the reduction outputs (valid, n_valid, site, straggler, median, as in
-    `reduce.py`, as torch tensors); `state` float32 floor and delay [N, M], int32 calm [N, M],
+    `reduce.py`, as torch tensors); `state` float32 floor, mean, var (-1: no sample) and delay [N, M], int32 calm [N, M],
     int32 active, above, below [M], int64 counter [COUNTER_LEN]; `params` anything with the fields of
     `gpupace.policy.PolicyParams`. Under the interpreter all tensors are CPU tensors."""
     n_ranks, row_len = gathered.shape
@@ -243,11 +261,12 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
     _update_kernel[(1,)](
         gathered, n_ranks, row_len, max_sites, int(n_sites), int(rank),
         red["valid"], red["n_valid"], red["site"], red["straggler"], red["median"],
-        state["floor"], state["calm"], state["delay"], state["active"], state["above"], state["below"],
+        state["floor"], state["calm"], state["mean"], state["var"], state["delay"], state["active"], state["above"], state["below"],
         state["counter"], row, ring, ring_step, ring.shape[0], ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
-        int(p.warmup_steps),
-        ABSURD_US, BLOCK_N=block_n(n_ranks), num_warps=num_warps_for(n_ranks),
+        float(getattr(p, "safety_z", 0.0)), int(p.warmup_steps),
+        ABSURD_US, BLOCK_N=block_n(n_ranks), SAFETY=hasattr(p, "safety_z"),
+        num_warps=num_warps_for(n_ranks),
     )

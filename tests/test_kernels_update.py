@@ -45,6 +45,7 @@ class DeviceSide:
         self.k, self.n, self.m, self.rank = k, n, m, rank
         i32 = torch.int32
         self.state = {"floor": torch.zeros(n, m), "calm": torch.zeros(n, m, dtype=i32),
+                      "mean": torch.zeros(n, m), "var": torch.full((n, m), -1.0),
                       "delay": torch.zeros(n, m), "active": torch.zeros(m, dtype=i32),
                       "above": torch.zeros(m, dtype=i32), "below": torch.zeros(m, dtype=i32),
                       "counter": torch.zeros(k["update"].COUNTER_LEN, dtype=torch.int64)}
@@ -76,6 +77,10 @@ def compare(dev: DeviceSide, state: policy.PolicyState, n_sites: int):
     s = dev.state
     np.testing.assert_allclose(s["floor"][:, :n_sites].numpy(), state.floor, rtol=1e-4, atol=2e-3)
     np.testing.assert_array_equal(s["calm"][:, :n_sites].numpy(), state.calm)
+    for key in ("mean", "var"):  # policies with a running mean and variance of earliness
+        if hasattr(state, key):
+            np.testing.assert_allclose(s[key][:, :n_sites].numpy(), getattr(state, key),
+                                       rtol=1e-4, atol=2e-2)
     np.testing.assert_allclose(s["delay"][:, :n_sites].numpy(), state.delay, rtol=1e-4, atol=2e-3)
     np.testing.assert_array_equal(s["active"][:n_sites].numpy().astype(bool), state.active)
     np.testing.assert_array_equal(s["above"][:n_sites].numpy(), state.above)

@@ -85,6 +85,8 @@ class DeviceEngine:
                     "median": torch.zeros(1, dtype=f32, **z)}
         self.state = {"floor": torch.zeros(n, m, dtype=f32, **z),
                       "calm": torch.zeros(n, m, dtype=i32, **z),
+                      "mean": torch.zeros(n, m, dtype=f32, **z),
+                      "var": torch.full((n, m), -1.0, dtype=f32, **z),
                       "delay": torch.zeros(n, m, dtype=f32, **z),
                       "active": torch.zeros(m, dtype=i32, **z),
                       "above": torch.zeros(m, dtype=i32, **z),

@@ -131,6 +131,8 @@ def test_update_kernel_on_device_matches_policy(n, m, n_sites):
     dev = "cuda"
     state = {"floor": torch.zeros(n, m, device=dev),
              "calm": torch.zeros(n, m, dtype=torch.int32, device=dev),
+             "mean": torch.zeros(n, m, device=dev),
+             "var": torch.full((n, m), -1.0, device=dev),
              "delay": torch.zeros(n, m, device=dev),
              "active": torch.zeros(m, dtype=torch.int32, device=dev),
              "above": torch.zeros(m, dtype=torch.int32, device=dev),
