@@ -38,9 +38,30 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
-TARGETS = {"graph_overhead_us": 3.0, "eager_overhead_us": 15.0, "spin_error_over_tick_us": 1.0,
-           "host_syncs_per_step": 0.0}
+TARGETS = {
+    "graph_overhead_us": 3.0,
+    "eager_overhead_us": 15.0,
+    "spin_error_over_tick_us": 1.0,
+    "host_syncs_per_step": 0.0,
+}
 SPIN_DELAYS_US = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+
+
+def ensure_installed() -> bool:
+    """The kernels live in kernels/, installed as `gpupace.kernels` by package-dir, so a bare
+    checkout needs an install. The lent GPU machine cannot reach a registry: install this
+    checkout alone (no dependencies, no build isolation, no index). True if it installed."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("gpupace.kernels") is not None:
+            return False
+    except ModuleNotFoundError:
+        pass
+    print("device check: installing this checkout (pip install --no-deps -e .)", flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=300)
+    return True
 
 
 def cuda_missing() -> str | None:
@@ -71,14 +92,27 @@ def machine() -> dict[str, Any]:
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gpu": torch.cuda.get_device_name(0),
         "sms": torch.cuda.get_device_properties(0).multi_processor_count,
-        "python": platform.python_version(), "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda, "triton": _version("triton"), "cupy": _version("cupy"),
-        "numpy": np.__version__, "driver": None, "nccl": None, "commit": None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "cupy": _version("cupy"),
+        "numpy": np.__version__,
+        "driver": None,
+        "nccl": None,
+        "commit": None,
     }
     try:
-        info["driver"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        info["driver"] = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except Exception:  # no nvidia-smi: leave it unknown
         pass
     try:
@@ -87,8 +121,13 @@ def machine() -> dict[str, Any]:
     except Exception:
         pass
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                        capture_output=True, text=True, timeout=10).stdout.strip()
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except Exception:
         pass
     return info
@@ -100,6 +139,7 @@ def quantiles(x) -> dict[str, float]:
 
 
 # -- microbenchmarks ---------------------------------------------------------------------------
+
 
 def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     import torch
@@ -115,7 +155,7 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     for req in SPIN_DELAYS_US:
         d.fill_(req)
         for r in range(reps):
-            spin.spin(d, applied[r:r + 1], reads[r:r + 1], clk, cap_us=2000.0)
+            spin.spin(d, applied[r : r + 1], reads[r : r + 1], clk, cap_us=2000.0)
         err = applied.cpu().numpy().astype(np.float64) - req
         per[str(req)] = quantiles(err)
         all_err.append(err)
@@ -128,8 +168,13 @@ def _nccl_group():
 
     if not dist.is_initialized():
         store = tempfile.mktemp(prefix="gpupace-check-")
-        dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
-                                device_id=torch.device("cuda", 0))
+        dist.init_process_group(
+            "nccl",
+            init_method=f"file://{store}",
+            rank=0,
+            world_size=1,
+            device_id=torch.device("cuda", 0),
+        )
     return dist.group.WORLD
 
 
@@ -169,9 +214,11 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
                 torch.cuda.synchronize()
                 eager[name].append((time.perf_counter() - t0) / iters * 1e6)
         diff = (np.array(eager["paced"]) - np.array(eager["plain"])) / sites
-        out[f"eager_{sites}_sites"] = {"per_collective_us": quantiles(diff),
-                                       "plain_step_us": quantiles(eager["plain"]),
-                                       "paced_step_us": quantiles(eager["paced"])}
+        out[f"eager_{sites}_sites"] = {
+            "per_collective_us": quantiles(diff),
+            "plain_step_us": quantiles(eager["plain"]),
+            "paced_step_us": quantiles(eager["paced"]),
+        }
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         graphs = {}
@@ -197,9 +244,11 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
                 t1.synchronize()
                 graph[name].append(t0.elapsed_time(t1) * 1e3 / iters)
         diff = (np.array(graph["paced"]) - np.array(graph["plain"])) / sites
-        out[f"graph_{sites}_sites"] = {"per_collective_us": quantiles(diff),
-                                       "plain_step_us": quantiles(graph["plain"]),
-                                       "paced_step_us": quantiles(graph["paced"])}
+        out[f"graph_{sites}_sites"] = {
+            "per_collective_us": quantiles(diff),
+            "plain_step_us": quantiles(graph["plain"]),
+            "paced_step_us": quantiles(graph["paced"]),
+        }
         pacer.close()
     fig["overhead"] = out
 
@@ -230,15 +279,29 @@ def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
 
 # -- steps of the check ------------------------------------------------------------------------
 
+
 def run_tests(fig_path: Path, log: list[str], timeout_s: int) -> dict[str, Any]:
     env = dict(os.environ, GPUPACE_FIGURES=str(fig_path), PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
     junit = fig_path.with_suffix(".xml")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-           "--timeout", "120", f"--junitxml={junit}", "tests/gpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+        "--timeout",
+        "120",
+        f"--junitxml={junit}",
+        "tests/gpu",
+    ]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(
+            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
         out, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
@@ -246,7 +309,9 @@ def run_tests(fig_path: Path, log: list[str], timeout_s: int) -> dict[str, Any]:
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if junit.exists():
         text = junit.read_text(encoding="utf-8")
-        m = re.search(r'<testsuite [^>]*errors="(\d+)" failures="(\d+)" skipped="(\d+)" tests="(\d+)"', text)
+        m = re.search(
+            r'<testsuite [^>]*errors="(\d+)" failures="(\d+)" skipped="(\d+)" tests="(\d+)"', text
+        )
         if m:
             e, f, s, t = map(int, m.groups())
             counts = {"passed": t - e - f - s, "failed": f, "skipped": s, "errors": e}
@@ -260,8 +325,14 @@ def run_bench_suite(out: Path, stem: str, log: list[str], timeout_s: int) -> dic
     cmd = [sys.executable, "-m", "bench", "--suite", "gpu", "--quick", "--out", str(suite_dir)]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
-                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        p = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
@@ -272,8 +343,13 @@ def run_bench_suite(out: Path, stem: str, log: list[str], timeout_s: int) -> dic
         with tarfile.open(tar, "w") as tf:
             for q in files:
                 tf.add(q, arcname=q.relative_to(suite_dir))
-    return {"ran": True, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
-            "files": [q.name for q in files], "tar": tar.name if files else None}
+    return {
+        "ran": True,
+        "returncode": rc,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "files": [q.name for q in files],
+        "tar": tar.name if files else None,
+    }
 
 
 def verdicts(fig: dict[str, Any]) -> dict[str, str]:
@@ -283,48 +359,90 @@ def verdicts(fig: dict[str, Any]) -> dict[str, str]:
     ov = fig.get("overhead", {})
     for mode, key in (("graph", "graph_overhead_us"), ("eager", "eager_overhead_us")):
         vals = [v["per_collective_us"]["p50"] for k, v in ov.items() if k.startswith(mode)]
-        out[key] = ("not measured" if not vals else
-                    f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
-                    f"{max(vals):.2f} us vs <= {TARGETS[key]} us")
+        out[key] = (
+            "not measured"
+            if not vals
+            else f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
+            f"{max(vals):.2f} us vs <= {TARGETS[key]} us"
+        )
     sp, tick = fig.get("spin_error_us"), fig.get("timer_tick_ns")
     if sp and tick:
         lim = tick / 1e3 + TARGETS["spin_error_over_tick_us"]
-        out["spin_error_p99"] = (f"{'met' if sp['p99'] <= lim else 'missed'}: p99 "
-                                 f"{sp['p99']:.2f} us vs <= tick + 1 = {lim:.2f} us")
+        out["spin_error_p99"] = (
+            f"{'met' if sp['p99'] <= lim else 'missed'}: p99 "
+            f"{sp['p99']:.2f} us vs <= tick + 1 = {lim:.2f} us"
+        )
     else:
         out["spin_error_p99"] = "not measured"
     syncs = fig.get("host_syncs_per_step")
-    out["host_syncs_per_step"] = ("not measured" if syncs is None else
-                                  f"{'met' if syncs == 0 else 'missed'}: {syncs}")
+    out["host_syncs_per_step"] = (
+        "not measured" if syncs is None else f"{'met' if syncs == 0 else 'missed'}: {syncs}"
+    )
     return out
 
 
 def markdown(res: dict[str, Any]) -> str:
     m, fig = res["machine"], res["figures"]
-    lines = [f"# gpupace device check, {m['gpu']}, {m['date']}", "",
-             "| | |", "|---|---|"]
-    for k in ("gpu", "sms", "driver", "torch", "torch_cuda", "triton", "cupy", "nccl", "python",
-              "commit"):
+    lines = [f"# gpupace device check, {m['gpu']}, {m['date']}", "", "| | |", "|---|---|"]
+    for k in (
+        "gpu",
+        "sms",
+        "driver",
+        "torch",
+        "torch_cuda",
+        "triton",
+        "cupy",
+        "nccl",
+        "python",
+        "commit",
+    ):
         lines.append(f"| {k} | {m.get(k)} |")
     t = res["tests"]
-    lines += ["", f"GPU tests: {t.get('passed')} passed, {t.get('failed')} failed, "
-              f"{t.get('errors')} errors, {t.get('skipped')} skipped ({t.get('seconds')} s).", "",
-              "## Targets", "", "| target | result |", "|---|---|"]
+    lines += [
+        "",
+        f"GPU tests: {t.get('passed')} passed, {t.get('failed')} failed, "
+        f"{t.get('errors')} errors, {t.get('skipped')} skipped ({t.get('seconds')} s).",
+        "",
+        "## Targets",
+        "",
+        "| target | result |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in res["verdicts"].items()]
-    lines += ["", "## Added time per paced collective (us; paced minus plain step, per site)", "",
-              "| mode | p20 | p50 | p80 | plain step p50 | paced step p50 |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Added time per paced collective (us; paced minus plain step, per site)",
+        "",
+        "| mode | p20 | p50 | p80 | plain step p50 | paced step p50 |",
+        "|---|---|---|---|---|---|",
+    ]
     for k, v in fig.get("overhead", {}).items():
         q = v["per_collective_us"]
-        lines.append(f"| {k} | {q['p20']:.2f} | {q['p50']:.2f} | {q['p80']:.2f} | "
-                     f"{v['plain_step_us']['p50']:.2f} | {v['paced_step_us']['p50']:.2f} |")
+        lines.append(
+            f"| {k} | {q['p20']:.2f} | {q['p50']:.2f} | {q['p80']:.2f} | "
+            f"{v['plain_step_us']['p50']:.2f} | {v['paced_step_us']['p50']:.2f} |"
+        )
     sp = fig.get("spin_error_us")
     if sp:
-        lines += ["", f"## Spin-wait error, applied - requested (us); timer tick "
-                  f"{fig.get('timer_tick_ns')} ns", "", "| requested | p50 | p99 |", "|---|---|---|"]
+        lines += [
+            "",
+            f"## Spin-wait error, applied - requested (us); timer tick "
+            f"{fig.get('timer_tick_ns')} ns",
+            "",
+            "| requested | p50 | p99 |",
+            "|---|---|---|",
+        ]
         lines += [f"| {k} | {v['p50']:.3f} | {v['p99']:.3f} |" for k, v in sp["by_delay"].items()]
         lines.append(f"| all | {sp['p50']:.3f} | {sp['p99']:.3f} |")
     rest = {k: v for k, v in fig.items() if k not in ("overhead", "spin_error_us")}
-    lines += ["", "## Other figures", "", "```json", json.dumps(rest, indent=1, default=float), "```"]
+    lines += [
+        "",
+        "## Other figures",
+        "",
+        "```json",
+        json.dumps(rest, indent=1, default=float),
+        "```",
+    ]
     s = res.get("bench_suite", {})
     lines += ["", f"Benchmark suite: {json.dumps(s)}"]
     return "\n".join(lines) + "\n"
@@ -351,31 +469,50 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
         return 0
+    if ensure_installed():  # a fresh process sees the editable install
+        os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])])
     t_start = time.perf_counter()
     info = machine()
     stem = f"{info['date'][:10]}-{slug(info['gpu'])}"
     args.out.mkdir(parents=True, exist_ok=True)
     log: list[str] = []
     fig_path = Path(tempfile.mkdtemp(prefix="gpupace-check-")) / "figures.json"
-    print(f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
-          f"cupy {info['cupy']}); GPU tests...", flush=True)
+    print(
+        f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
+        f"cupy {info['cupy']}); GPU tests...",
+        flush=True,
+    )
     tests = run_tests(fig_path, log, args.tests_timeout)
     print(f"  tests: {tests}", flush=True)
     fig: dict[str, Any] = json.loads(fig_path.read_text()) if fig_path.exists() else {}
     errors: dict[str, str] = {}
-    for name, fn in (("tick_and_spin", bench_tick_and_spin), ("overhead", bench_overhead),
-                     ("syncs", bench_syncs)):
+    for name, fn in (
+        ("tick_and_spin", bench_tick_and_spin),
+        ("overhead", bench_overhead),
+        ("syncs", bench_syncs),
+    ):
         print(f"  microbenchmark {name}...", flush=True)
         try:
             fn(fig)
         except Exception as e:  # one broken benchmark must not lose the others' figures
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"  {name} FAILED: {errors[name]}", flush=True)
-    suite = ({"ran": False, "why": "--no-suite"} if args.no_suite
-             else run_bench_suite(args.out, stem, log, args.suite_timeout))
-    res = {"stem": stem, "machine": info, "tests": tests, "figures": fig, "bench_errors": errors,
-           "bench_suite": suite, "targets": TARGETS, "verdicts": verdicts(fig),
-           "seconds": round(time.perf_counter() - t_start, 1)}
+    suite = (
+        {"ran": False, "why": "--no-suite"}
+        if args.no_suite
+        else run_bench_suite(args.out, stem, log, args.suite_timeout)
+    )
+    res = {
+        "stem": stem,
+        "machine": info,
+        "tests": tests,
+        "figures": fig,
+        "bench_errors": errors,
+        "bench_suite": suite,
+        "targets": TARGETS,
+        "verdicts": verdicts(fig),
+        "seconds": round(time.perf_counter() - t_start, 1),
+    }
     j, md = write_results(res, args.out)
     (args.out / f"{stem}.log").write_text("\n\n".join(log), encoding="utf-8")
     print(markdown(res), flush=True)
@@ -385,5 +522,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))  # run from a checkout: `python bench/device_check.py`
     sys.exit(main())

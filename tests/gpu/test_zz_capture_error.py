@@ -1,0 +1,27 @@
+"""On a GPU, run last: a paced collective reached inside a CUDA graph capture before
+`pacer.warmup()` raises a clear WarmupError rather than failing inside CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpupace import PaceConfig, Pacer
+
+
+def test_zz_capture_without_warmup_is_a_clear_error(nccl_group):
+    from gpupace.backends.device import WarmupError
+
+    pacer = Pacer(PaceConfig(mode="pace", max_sites=4), nccl_group, backend="device")
+    x = torch.zeros(16, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        pacer.all_reduce(x)
+        pacer.step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(WarmupError, match="warmup"):
+        with torch.cuda.graph(g):
+            pacer.all_reduce(x)
+    torch.cuda.synchronize()
