@@ -77,11 +77,12 @@ def read_clock(out: torch.Tensor, *, clock: bool | None = None, fake_tick: int =
 
 
 def tick_from_reads(reads: np.ndarray) -> float:
-    """The timer's tick (ns) from back-to-back reads: the median positive step between
-    consecutive reads. NaN when the clock never moved."""
+    """The timer's tick (ns) from back-to-back reads: the smallest positive step between
+    consecutive reads (the counter moves by whole ticks, and a loop slower than one tick shows
+    multiples of it, never less). NaN when the clock never moved."""
     steps = np.diff(np.asarray(reads, dtype=np.int64))
     steps = steps[steps > 0]
-    return float(np.median(steps)) if steps.size else float("nan")
+    return float(steps.min()) if steps.size else float("nan")
 
 
 def measure_tick(device: str | torch.device = "cuda", n_reads: int = 4096) -> float:
