@@ -25,7 +25,7 @@ Method (all from the clock-free telemetry; times in us; warm-up steps left out):
   0.5% of its ideal time, the verdict is "not enough evidence".
 Limits: transfer time is one number per collective (the slowest link sets it for every
 rank), so fabric contention cannot be tied to a node group from one job's telemetry;
-spread growing with world size needs runs at several sizes.
+spread growing with world size needs runs at several sizes (`scaling`, given several files).
 """
 
 from __future__ import annotations
@@ -380,6 +380,29 @@ def diagnose(run: Run) -> Diagnosis:
                                     _action(mode, ranks), lost[mode]))
     findings.sort(key=lambda f: (-f.share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
+
+
+def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
+    """Across runs of different world sizes: the median arrival spread at each size and
+    whether it grows with the size (amplification's signature: the more ranks, the likelier
+    one is late on any step). None with fewer than two distinct sizes."""
+    rows = []
+    for run, d in zip(runs, diags, strict=True):
+        sp = aligned_spread(run)[run.step >= run.warmup_steps]
+        st = run.step_time[np.isfinite(run.step_time)]
+        if sp.size == 0 or st.size == 0:
+            continue
+        amp = next((m.share for m in d.modes if m.mode == "sync_amplification"), 0.0)
+        rows.append({"label": run.label, "world_size": run.world_size,
+                     "spread_p50_us": _p(sp, 50), "spread_over_step_p50":
+                     _p(sp, 50) / float(np.median(st)), "sync_amplification_share": amp})
+    sizes = sorted({r["world_size"] for r in rows})
+    if len(sizes) < 2:
+        return None
+    rows.sort(key=lambda r: (r["world_size"], r["label"]))
+    by = [np.median([r["spread_p50_us"] for r in rows if r["world_size"] == w]) for w in sizes]
+    grows = bool(all(b > a for a, b in zip(by[:-1], by[1:], strict=True)))
+    return {"rows": rows, "spread_grows_with_world_size": grows}
 
 
 def _action(mode: str, ranks: list[int]) -> str:

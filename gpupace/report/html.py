@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..telemetry import summarize
-from .diagnose import Diagnosis, _clean
+from .diagnose import Diagnosis, _clean, scaling
 from .load import Run
 
 SUMMARY_ROWS = (  # key, label, scale, format
@@ -82,6 +82,9 @@ def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
                         "modes": d.to_dict()["modes"]})
     out = dict(per_run[0])
     out["runs"] = per_run
+    scale = scaling(list(runs), list(diags))
+    if scale is not None:
+        out["scaling"] = scale
     return _clean(out)
 
 
@@ -131,6 +134,19 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
     for run, d in zip(runs, diags, strict=True):
         parts.append(_diagnosis_html(run, d))
 
+    scale = scaling(list(runs), list(diags))
+    if scale is not None:
+        verdict = "grows" if scale["spread_grows_with_world_size"] else "does not grow"
+        parts.append(f"<h3>Across world sizes</h3><p>The median arrival spread {verdict} with "
+                     "the world size (synchronisation amplification makes it grow).</p>"
+                     "<table><tr><th class='l'>run</th><th>ranks</th><th>spread p50 (ms)</th>"
+                     "<th>spread / step</th><th>sync_amplification share</th></tr>")
+        for r in scale["rows"]:
+            parts.append(f"<tr><td class='l'>{esc(r['label'])}</td><td>{r['world_size']}</td>"
+                         f"<td>{r['spread_p50_us'] / 1e3:.2f}</td>"
+                         f"<td>{r['spread_over_step_p50']:.3f}</td>"
+                         f"<td>{100 * r['sync_amplification_share']:.0f}%</td></tr>")
+        parts.append("</table>")
     parts.append("<h2>Plots</h2>")
     for name, caption in plots:
         parts.append(f"<figure><img src='{_img(out / name)}' alt='{esc(name)}' "
