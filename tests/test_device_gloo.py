@@ -1,0 +1,63 @@
+"""The device engine on two real gloo ranks, on the CPU under TRITON_INTERPRET=1 (set in the
+spawned ranks only): one all_gather of the timing rows per step, every rank reaching the same
+decisions from the same matrix, and those decisions equal to the NumPy policy's. Each rank
+drives the clock-free kernels with a scripted clock: rank 0 arrives 200 us before rank 1."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from gpupace.launch import run_ranks
+
+pytestmark = pytest.mark.timeout(180)
+
+ARRIVE_US = (0.0, 200.0)
+TRANSFER_US = 50.0
+STEP_NS = 10_000_000
+
+
+def _rank(rank: int, world: int, n_steps: int):
+    os.environ["TRITON_INTERPRET"] = "1"  # this spawned process only, before triton loads
+    import torch
+
+    from gpupace import PaceConfig, policy
+    from gpupace.backends.device import DeviceEngine
+
+    cfg = PaceConfig(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=20.0, release_us=10.0, floor_rise=0.5, guard_us=10.0,
+                     max_sites=2)
+    eng = DeviceEngine(cfg, None, rank, world, device="cpu")
+    params = policy.PolicyParams.from_config(cfg, world)
+    state = policy.init_state(world, 1)
+    seen, agree = [], []
+    for step in range(n_steps):
+        base = (step + 1) * STEP_NS
+        d = eng.state["delay"][:, 0].clone()  # every rank holds every rank's delay
+        applied_ns = torch.ceil(d * 1000 / 1000) * 1000  # the virtual clock ticks by 1 us
+        exit_ns = max(ARRIVE_US[i] * 1000 + float(applied_ns[i]) for i in range(world))
+        eng.clk[1] = base + int(ARRIVE_US[rank] * 1000)
+        ticket = eng.arrive()
+        eng.clk[1] = base + int(exit_ns + TRANSFER_US * 1000)
+        eng.exit(ticket)
+        eng.end_step(step, 0.0)
+        g = eng.gathered.numpy().astype(np.float64).copy()
+        seen.append(g)
+        state, _ = policy.update(params, state, g[:, 2:3], g[:, 2 + 2:3 + 2], g[:, 1])
+        agree.append(np.allclose(eng.state["delay"][:, 0].numpy(), state.delay[:, 0],
+                                 rtol=1e-4, atol=1e-2))
+    return seen, agree, eng.state["delay"].numpy().copy(), eng.state["floor"].numpy().copy()
+
+
+def test_device_engine_on_two_gloo_ranks():
+    results = run_ranks(_rank, 2, 8)
+    (seen0, agree0, delay0, floor0), (seen1, agree1, delay1, floor1) = results
+    assert all(agree0) and all(agree1)
+    for g0, g1 in zip(seen0, seen1, strict=True):  # one all_gather: identical matrices
+        np.testing.assert_array_equal(np.nan_to_num(g0, nan=-1), np.nan_to_num(g1, nan=-1))
+    np.testing.assert_array_equal(delay0, delay1)  # the same decisions on every rank
+    np.testing.assert_array_equal(floor0, floor1)
+    assert delay0[0, 0] > 150.0 and delay0[1, 0] == 0.0  # the early rank is paced
+    assert seen0[-1][0, 2 + 2] > 150.0  # and rank 0 applied it
