@@ -153,6 +153,13 @@ def test_empty_missing_and_foreign_files_give_one_clear_error(tmp_path, capsys):
         assert why in lines[0] and path.name in lines[0]
 
 
+def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):
+    src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    (tmp_path / "out").write_text("not a directory")
+    rc, cap = _report(tmp_path, capsys, src)
+    assert rc == 2 and "is not a directory" in cap.err
+
+
 def test_truncated_and_corrupt_lines_give_a_partial_report(sim_dir, tmp_path, capsys):
     src, _ = _telemetry(sim_dir, "jitter", 2, 4, 1)
     lines = src.read_text().splitlines()

@@ -105,12 +105,16 @@ def _p(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else 0.0
 
 
-def locality_offsets(run: Run) -> tuple[np.ndarray, np.ndarray, float]:
+def locality_offsets(run: Run, rows: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
     """Per rank: steady lateness behind the median rank (median over steps, us), the fraction
-    of steps it is late by at least half of that, and the noise of lateness (us, robust)."""
+    of steps it is late by at least half of that, and the noise of lateness (us, robust).
+    `rows`: a boolean mask of the steps to use (default: all)."""
     e = run.earliness
     n = e.shape[1]
     ok = np.isfinite(e).all(axis=1)
+    if rows is not None:
+        ok &= rows
     e = e[ok]
     if e.shape[0] == 0 or n < 2:
         return np.zeros(n), np.zeros(n), 0.0
@@ -254,7 +258,7 @@ def diagnose(run: Run) -> Diagnosis:
     strag = run.straggler[ok]
 
     # -- locality: steady offsets
-    offset, consistency, noise = locality_offsets(run)
+    offset, consistency, noise = locality_offsets(run, run.step >= run.warmup_steps)
     p50 = float(np.median(st))
     # An offset must stand out of its median's standard error (1.25 sigma / sqrt n) and matter.
     floor = max(5.0 * 1.25 * noise / math.sqrt(n), 0.002 * p50)
