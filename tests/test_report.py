@@ -153,6 +153,20 @@ def test_empty_missing_and_foreign_files_give_one_clear_error(tmp_path, capsys):
         assert why in lines[0] and path.name in lines[0]
 
 
+def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
+    src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    d = tmp_path / "tel"
+    d.mkdir()
+    for name in ("paced", "baseline"):
+        lines = src.read_text().splitlines()
+        header = dict(json.loads(lines[0]), label=name)
+        (d / f"{name}.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert [r.label for r in load_runs([d])] == ["baseline", "paced"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .jsonl telemetry files"):
+        load_runs([tmp_path / "empty"])
+
+
 def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):
     src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
     (tmp_path / "out").write_text("not a directory")

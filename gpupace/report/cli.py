@@ -17,7 +17,8 @@ from .plots import make_all
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="RUN.jsonl",
-                   help="telemetry files; give a baseline and a paced run to compare them")
+                   help="telemetry files (a directory: its *.jsonl files); give a baseline "
+                   "and a paced run to compare them")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the report")
     p.add_argument("--json", action="store_true", help="also write DIR/findings.json")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")

@@ -174,15 +174,30 @@ def _run_key(header: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = None) -> list[Run]:
-    """One `Run` per run among `paths`, in the order first given. Raises ValueError for a
-    missing, empty or non-gpupace file, or one with no readable step record; lines cut short
-    or corrupt are skipped and listed in `Run.skipped`."""
+def expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """The files to read: a directory stands for its *.jsonl files, sorted (what
+    `gpupace demo --telemetry DIR` writes: baseline.jsonl, paced.jsonl)."""
     if not paths:
         raise ValueError("no telemetry files given")
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.jsonl"))
+            if not found:
+                raise ValueError(f"{p} is a directory with no .jsonl telemetry files")
+            files += found
+        else:
+            files.append(p)
+    return files
+
+
+def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = None) -> list[Run]:
+    """One `Run` per run among `paths` (files, or directories of *.jsonl files), in the order
+    first given. Raises ValueError for a missing, empty or non-gpupace file, or one with no
+    readable step record; lines cut short or corrupt are skipped and listed in `Run.skipped`."""
+    files = expand(paths)
     tels = []
-    for p in paths:
-        path = Path(p)
+    for path in files:
         tels.append((path, _read(path, progress)))
     groups: dict[str, list[tuple[Path, Any]]] = {}
     order: list[list[tuple[Path, Any]]] = []
