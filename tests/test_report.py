@@ -79,6 +79,8 @@ def test_locality_names_the_slow_ranks(sim_dir, nodes, g):
     for r in res.slow_ranks:
         assert loc.evidence["offset_us"][str(r)] == pytest.approx(3000.0, rel=0.05)
     assert str(res.slow_ranks[0]) in loc.action
+    assert loc.evidence["local_gpus"] == sorted({r % g for r in res.slow_ranks})
+    assert loc.evidence["nodes_with_late_gpus"] == nodes
 
 
 def test_quiet_run_is_not_enough_evidence(sim_dir):

@@ -337,6 +337,11 @@ def diagnose(run: Run) -> Diagnosis:
     loc_ev = {"offset_us": {str(r): float(offset[r]) for r in loc_ranks[:16]},
               "late_in_fraction_of_steps": {str(r): float(consistency[r]) for r in loc_ranks[:16]},
               "lateness_noise_us": noise, "locality_ranks": len(loc_ranks)}
+    g = run.gpus_per_node
+    if g and loc_ranks:  # the same local GPUs in every node point at the node's layout
+        loc_ev["local_gpus"] = sorted({r % g for r in loc_ranks})
+        loc_ev["nodes_with_late_gpus"] = len({r // g for r in loc_ranks})
+        loc_ev["nodes"] = -(-run.world_size // g)
 
     xcv = float(np.std(xfer) / np.mean(xfer)) if np.mean(xfer) > 0 else 0.0
     xac = _corr(xfer[:-1], xfer[1:])
