@@ -15,8 +15,9 @@ MODE_PACE = 2
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guard_us,
-                 max_delay_us, cap_fraction, floor_rise, floor_fall, holdoff_steps,
-                 warmup_steps, floor, calm, active, above, below, step, w, d, step_us):
+                 max_delay_us, cap_fraction, floor_rise, floor_fall, holdoff_steps, safety_z,
+                 warmup_steps, floor, calm, mean, var, active, above, below, step, w, d,
+                 step_us):
     n, s = w.shape
     # Pass 1, row by row (memory order): validity, then per-site min/max of w + d and of w.
     valid = np.ones(n, dtype=np.bool_)
@@ -74,12 +75,14 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
 
     # Pass 2, row by row: earliness, floor, calm and the next delays.
     earliness = np.zeros((n, s))
-    floor, calm = floor.copy(), calm.copy()
+    floor, calm, mean, var = floor.copy(), calm.copy(), mean.copy(), var.copy()
     delay = np.zeros((n, s))
     for i in range(n):
         if not valid[i]:
             floor[i, :] = 0.0
             calm[i, :] = 0
+            mean[i, :] = 0.0
+            var[i, :] = -1.0
             continue
         if n_valid < 2:
             continue
@@ -92,11 +95,18 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
                 rise = floor_rise if calm[i, k] >= holdoff_steps else 0.0
                 rate = floor_fall if e < floor[i, k] else rise
                 floor[i, k] = floor[i, k] + rate * (e - floor[i, k])
+                if var[i, k] < 0.0:  # the first sample starts the mean and variance
+                    mean[i, k], var[i, k] = e, 0.0
+                else:
+                    diff = e - mean[i, k]
+                    mean[i, k] = mean[i, k] + floor_rise * diff
+                    var[i, k] = (1.0 - floor_rise) * (var[i, k] + floor_rise * diff * diff)
             if pacing and active[k] and straggler[k] != i:  # the last arrival waits for nobody
-                delay[i, k] = min(max(gain * floor[i, k] - guard_us, 0.0), cap)
+                bound = min(floor[i, k], mean[i, k] - safety_z * np.sqrt(max(var[i, k], 0.0)))
+                delay[i, k] = min(max(gain * bound - guard_us, 0.0), cap)
                 total += delay[i, k]
         if total > cap:  # one rank's delays over all sites must not exceed the cap either
             for k in range(s):
                 delay[i, k] *= cap / total
     return (earliness, spread, residual, straggler, transfer, valid, cap, delay,
-            floor, calm, active, above, below, step_count)
+            floor, calm, mean, var, active, above, below, step_count)

@@ -21,9 +21,12 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .policy import StepStats
 
 FORMAT_VERSION = 1
 
@@ -230,3 +233,25 @@ def summarize(records: Iterable[StepRecord], world_size: int | None = None,
 
 def _stat(a: np.ndarray, fn, *args) -> float:
     return float(fn(a, *args)) if a.size else float("nan")
+
+
+def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
+                d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
+    """A telemetry record from one policy update: step scalars at the site of largest spread."""
+    spread = np.nan_to_num(stats.spread, nan=-1.0)
+    s = int(np.argmax(spread))
+    return StepRecord(
+        step=step,
+        time_s=time_s,
+        step_time_us=float(steps[rank]),
+        spread_us=float(stats.spread[s]),
+        residual_us=float(stats.residual[s]),
+        transfer_us=float(stats.transfer[s]),
+        straggler=int(stats.straggler[s]),
+        active=bool(stats.active.any()),
+        earliness_us=stats.earliness[:, s].tolist(),
+        wait_us=np.nansum(w, axis=1).tolist(),
+        delay_us=np.nansum(d, axis=1).tolist(),
+        step_times_us=steps.tolist(),
+        site_spread_us=stats.spread.tolist(),
+    )

@@ -213,13 +213,14 @@ def test_oracle():
 
 
 def fused(params, state, w, d, step_us):
-    (earliness, spread, residual, straggler, transfer, valid, cap, delay, floor, calm, active,
-     above, below, step) = fused_update(*params, state.floor, state.calm, state.active,
-                                        state.above, state.below, state.step, w, d, step_us)
+    (earliness, spread, residual, straggler, transfer, valid, cap, delay, floor, calm, mean, var,
+     active, above, below, step) = fused_update(*params, state.floor, state.calm, state.mean,
+                                                state.var, state.active, state.above,
+                                                state.below, state.step, w, d, step_us)
     stats = StepStats(earliness=earliness, spread=spread, residual=residual,
                       straggler=straggler, transfer=transfer, valid=valid, cap_us=cap,
                       delay=delay, active=active)
-    return PolicyState(floor, calm, delay, active, above, below, step), stats
+    return PolicyState(floor, calm, mean, var, delay, active, above, below, step), stats
 
 
 def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
@@ -256,6 +257,6 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
             np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
                                        atol=1e-9, err_msg=name)
         assert a.cap_us == pytest.approx(b.cap_us)
-        for name in ("floor", "calm", "above", "below", "step"):
+        for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
             np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
                                        err_msg=name)

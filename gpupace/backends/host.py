@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from .. import policy
 from ..config import PaceConfig
-from ..telemetry import StepRecord
+from ..telemetry import StepRecord, make_record
 
 # Sleep until this close to the deadline, then spin: Linux wakes a sleeping thread 50-100 us
 # late on this 2-core VM (measured), so the last 200 us are spun.
@@ -127,25 +127,3 @@ class HostEngine:
             return row[None, :]
         dist.all_gather(self._gather_out, torch.from_numpy(row), group=self.group)
         return torch.stack(self._gather_out).numpy()
-
-
-def make_record(step: int, time_s: float, stats: policy.StepStats, w: np.ndarray,
-                d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
-    """A telemetry record from one policy update: step scalars at the site of largest spread."""
-    spread = np.nan_to_num(stats.spread, nan=-1.0)
-    s = int(np.argmax(spread))
-    return StepRecord(
-        step=step,
-        time_s=time_s,
-        step_time_us=float(steps[rank]),
-        spread_us=float(stats.spread[s]),
-        residual_us=float(stats.residual[s]),
-        transfer_us=float(stats.transfer[s]),
-        straggler=int(stats.straggler[s]),
-        active=bool(stats.active.any()),
-        earliness_us=stats.earliness[:, s].tolist(),
-        wait_us=np.nansum(w, axis=1).tolist(),
-        delay_us=np.nansum(d, axis=1).tolist(),
-        step_times_us=steps.tolist(),
-        site_spread_us=stats.spread.tolist(),
-    )

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import policy as pol
-from ..telemetry import StepRecord, TelemetryWriter, make_header
+from ..telemetry import StepRecord, TelemetryWriter, make_header, make_record
 from .simulate import SimResult
 
 
@@ -57,7 +57,6 @@ def to_records(result: SimResult) -> Iterator[StepRecord]:
     if result.site_wait_us is None or result.site_delay_us is None:
         raise ValueError("this result has no per-site arrays; rerun simulate(..., keep_sites=True)"
                          " (or with fewer steps x ranks x buckets)")
-    from ..backends.host import make_record  # the pacer's own record builder: one format
     from ..config import PaceConfig
 
     n, nb = result.ranks, result.scenario.buckets
