@@ -263,3 +263,30 @@ def test_spread_growing_with_world_size_across_runs(sim_dir, tmp_path, capsys):
     assert rows[1]["spread_p50_us"] > rows[0]["spread_p50_us"]
     assert doc["scaling"]["spread_grows_with_world_size"] is True
     assert "Across world sizes" in (tmp_path / "out" / "report.html").read_text()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_one_rank_and_all_nan_runs_report_without_warnings(tmp_path, capsys):
+    from gpupace.telemetry import make_header
+
+    def write(name, recs, world):
+        p = tmp_path / name
+        lines = [json.dumps(make_header(source="pacer", world_size=world, label=name))]
+        p.write_text("\n".join(lines + [r.to_json() for r in recs]) + "\n")
+        return p
+
+    nan = float("nan")
+    one = write("one.jsonl", [
+        StepRecord(step=k, time_s=0.1 * k, step_time_us=1e5 + (k % 7) * 100, spread_us=0.0,
+                   residual_us=0.0, transfer_us=500.0, straggler=0, active=False,
+                   earliness_us=[0.0], wait_us=[500.0], delay_us=[0.0], site_spread_us=[0.0])
+        for k in range(60)], 1)
+    blank = write("nan.jsonl", [
+        StepRecord(step=k, time_s=0.1 * k, step_time_us=nan, spread_us=nan, residual_us=nan,
+                   transfer_us=nan, straggler=-1, active=False, earliness_us=[nan, nan],
+                   wait_us=[nan, nan], delay_us=[0.0, 0.0]) for k in range(5)], 2)
+    rc, cap = _report(tmp_path, capsys, one, blank)
+    assert rc == 0, cap.err
+    doc = json.loads((tmp_path / "out" / "findings.json").read_text())
+    assert "only 0 measured steps" in doc["runs"][1]["summary"]["note"]
+    assert all(m["verdict"] == "not enough evidence" for r in doc["runs"] for m in r["modes"])

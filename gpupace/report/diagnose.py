@@ -31,6 +31,7 @@ spread growing with world size needs runs at several sizes (`scaling`, given sev
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -241,6 +242,12 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float:
 def diagnose(run: Run) -> Diagnosis:
     """The diagnosis of one run. Never raises on odd data: too little of it gives
     "not enough evidence" everywhere, with the reason in the summary."""
+    with warnings.catch_warnings():  # all-NaN slices (ranks missing from a record) are fine
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _diagnose(run)
+
+
+def _diagnose(run: Run) -> Diagnosis:
     st_all = run.step_time
     ok = np.isfinite(st_all) & (st_all > 0) & (run.step >= run.warmup_steps)
     n = int(ok.sum())

@@ -7,6 +7,7 @@ steps plot as fast as a thousand and the picture still shows the spikes.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -284,9 +285,11 @@ def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
         (lambda: pacing(runs, out), "Delays applied to early ranks, and when pacing was on."),
     ]
     made = []
-    for k, (job, caption) in enumerate(jobs):
-        if progress is not None and len(runs[0].step) > 20_000:
-            progress(f"plot {k + 1}/{len(jobs)}")
-        made.append((job(), caption))
+    with warnings.catch_warnings():  # all-NaN slices (ranks missing from a record) are fine
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for k, (job, caption) in enumerate(jobs):
+            if progress is not None and len(runs[0].step) > 20_000:
+                progress(f"plot {k + 1}/{len(jobs)}")
+            made.append((job(), caption))
     return made
 
