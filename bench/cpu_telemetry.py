@@ -28,7 +28,11 @@ def repeats_for(world: int, quick: bool) -> int:
 def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, object, int]:
     """The timed callables for an `n`-rank record, the writer to close, and the record size."""
     from gpupace import PaceConfig, policy
-    from gpupace.backends.host import make_record
+
+    try:  # make_record moved from the host backend to telemetry; follow it either way
+        from gpupace.telemetry import make_record
+    except ImportError:
+        from gpupace.backends.host import make_record
     from gpupace.telemetry import Ring, TelemetryWriter, make_header
 
     from .cpu_policy import policy_params
