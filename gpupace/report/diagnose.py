@@ -1,31 +1,28 @@
 """Failure-mode diagnosis: splits the time a run lost against an ideal step between the
 study's four failure modes, each with a share, a confidence, its evidence and its ranks.
 
-Method (all from the clock-free telemetry; times in us; warm-up steps left out):
-- Ideal step: the 5th percentile of the measured step times (the fastest step the job
-  repeats, not one lucky step), less the steady offset of persistently late ranks, which
-  every step pays so no percentile removes it. Lost time = sum over steps of
-  (step time - ideal).
-- locality: per step, each rank's lateness behind the median rank; a rank late by a steady
-  offset in most steps is a locality rank. Every step loses the largest such offset.
-- The rest of each step's excess over the 5th percentile is split in proportion to the
-  arrival spread's excess over its own 5th percentile and the transfer time's excess over
-  its own, and the part not explained by either is left unattributed.
-  - spread part: on the ordinary steps it is sync_amplification (random late ranks that
-    every rank waits for); on spike steps (excess beyond q75 + 3 IQR, Tukey's far out) it
-    is runtime_jitter (heavy-tailed stalls), except a fraction equal to the coupling index
-    (how much the spread shrinks from the first site to the later ones: waiting ranks
-    slowed down, so a stall's cost was amplified), which goes to sync_amplification.
-  - transfer part: when the transfer time switches between two separated levels (a
-    communication-bound regime), the jump between levels is runtime_jitter; the rest, and
-    all of it otherwise, is fabric_contention.
-- Confidence = how well the mode's signature holds (rotation of the late rank; a steady
-  offset; transfer varying, correlated in time and independent of arrivals; heavy tail or
-  regimes) x enough steps x a share worth naming. Below 0.3, or when the run lost under
-  0.5% of its ideal time, the verdict is "not enough evidence".
-Limits: transfer time is one number per collective (the slowest link sets it for every
-rank), so fabric contention cannot be tied to a node group from one job's telemetry;
-spread growing with world size needs runs at several sizes (`scaling`, given several files).
+Method (clock-free telemetry only; warm-up steps left out):
+- Ideal step: the 5th percentile of step times (the fastest step the job repeats, not one
+  lucky step) less the steady offset of persistently late ranks (every step pays it, so no
+  percentile removes it). Lost time = sum over steps of (step time - ideal).
+- locality: each rank's lateness behind the median rank; a rank late by a steady offset in
+  most steps is a locality rank, and every step loses the largest such offset.
+- Each step's remaining excess over the 5th percentile is split between the arrival spread
+  it saw and the transfer time, in proportion to their excesses over their own 5th
+  percentiles, each weighted by what one us of it costs in step time in this run (a
+  non-negative least-squares fit). Excess with neither is left unattributed.
+  - spread part: sync_amplification (random late ranks that everyone waits for), except on
+    spike steps (beyond q75 + 3 IQR) where it is runtime_jitter (heavy-tailed stalls) for
+    a fraction 1 - coupling index (`coupling_index`: waiting ranks visibly slowed down, so
+    that part of the stall's cost is amplification).
+  - transfer part: fabric_contention, except the jump between two separated transfer
+    levels (a communication-bound regime switching on and off), which is runtime_jitter.
+- Confidence = signature strength (late rank rotating; steady offset; transfer varying,
+  correlated in time, independent of arrivals; heavy tail or regimes) x enough steps x a
+  share worth naming. Below 0.3, or under 0.5% of time lost: "not enough evidence".
+Limits: one transfer figure per collective (the slowest link sets it for every rank), so
+fabric contention cannot be tied to a node group from one job's telemetry; spread growing
+with world size needs several runs (`scaling`).
 """
 
 from __future__ import annotations
