@@ -290,3 +290,22 @@ def test_one_rank_and_all_nan_runs_report_without_warnings(tmp_path, capsys):
     doc = json.loads((tmp_path / "out" / "findings.json").read_text())
     assert "only 0 measured steps" in doc["runs"][1]["summary"]["note"]
     assert all(m["verdict"] == "not enough evidence" for r in doc["runs"] for m in r["modes"])
+
+
+def test_signatures_follow_the_physics(sim_dir, tmp_path):
+    from gpupace.report.diagnose import coupling_index
+
+    # The coupling index sees waiting ranks slowed down: only where the simulator couples.
+    idx = {}
+    for c in (0.0, 0.2):
+        res = simulate(presets.amplification(2, 4, coupling=c), steps=200, seed=1)
+        idx[c] = coupling_index(load_runs([write_telemetry(res, tmp_path / f"c{c}.jsonl")])[0])
+    assert idx[0.0] < 0.05 < 0.3 < idx[0.2], idx
+    # Regime switching is found in the jitter preset's transfers, not in the fabric's.
+    ev = {}
+    for mode in ("runtime_jitter", "fabric_contention"):
+        path, _ = _telemetry(sim_dir, *SINGLE[mode])
+        d = diagnose(load_runs([path])[0])
+        ev[mode] = next(m.evidence for m in d.modes if m.mode == "runtime_jitter")
+    assert ev["runtime_jitter"]["regime_switching"] is True
+    assert ev["fabric_contention"]["regime_switching"] is False
