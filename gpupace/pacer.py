@@ -162,10 +162,23 @@ class Pacer:
         self.site_names, self._names_this_step = self._names_this_step, []
         record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         if record is not None:
-            self.ring.append(record)
-            if self._writer is not None:
-                self._writer.write(record)
+            self._keep(record)
         return record
+
+    def drain(self) -> list:
+        """Collects the telemetry records the device backend still holds (it copies them back
+        lazily; in CUDA-graph mode, call this at least every 256 replays or the oldest are
+        overwritten). Synchronises: call it outside the step loop. Host backend: nothing held."""
+        engine_drain = getattr(self._engine, "drain", None)
+        records = engine_drain() if engine_drain is not None and self.enabled else []
+        for record in records:
+            self._keep(record)
+        return records
+
+    def _keep(self, record: StepRecord) -> None:
+        self.ring.append(record)
+        if self._writer is not None:
+            self._writer.write(record)
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
@@ -187,8 +200,10 @@ class Pacer:
         ddp_model.register_comm_hook(self, ddp_comm_hook)
 
     def close(self) -> None:
-        """Flushes and closes the telemetry file. Safe to call twice."""
+        """Collects what the device still holds, flushes and closes the telemetry file. Safe to
+        call twice."""
         if self._writer is not None:
+            self.drain()
             self._writer.close()
             self._writer = None
 

@@ -15,8 +15,7 @@ Identical to `gpupace.policy.update` (the NumPy reference):
   variance -1 until the first sample), all reset for invalid ranks, the above/below counters and the on/off hysteresis, only
   with two or more valid ranks;
 - the cap min(max_delay_us, cap_fraction * median of the known step times), 0 when none is known;
-- next delay clamp(gain * min(floor, mean - safety_z * sd) - guard, 0, cap) (plain floor when
-  the params have no `safety_z`, as older policies), zero at inactive sites, for invalid ranks and
+- next delay clamp(gain * min(floor, mean - safety_z * sd) - guard, 0, cap), zero at inactive sites, for invalid ranks and
   for each site's straggler; a rank's delays over all sites scaled down to sum to at most cap;
   all zero while warming, outside `pace` mode or with fewer than two valid ranks;
 - the host engine's rules around the policy: when the ranks' site counts disagree (or are 0)
@@ -93,7 +92,7 @@ def _update_kernel(
     counter_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
     rise, fall, holdoff, safety_z, warmup_steps, absurd,
-    BLOCK_N: tl.constexpr, SAFETY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_N)
     rmask = offs < n_ranks
@@ -178,10 +177,8 @@ def _update_kernel(
         var = tl.where(valid, var, -1.0)
         any_active = any_active | act.to(tl.int32)
 
-        if SAFETY:  # below the floor and below mean - z sigma (no rank pushed past the last)
-            bound = tl.minimum(f, mu - safety_z * tl.sqrt(tl.maximum(var, 0.0)))
-        else:
-            bound = f
+        # below the floor and below mean - z sigma (no rank pushed past the last)
+        bound = tl.minimum(f, mu - safety_z * tl.sqrt(tl.maximum(var, 0.0)))
         nd = tl.minimum(tl.maximum(gain * bound - guard, 0.0), cap)
         nd = tl.where(act & valid & (offs != strag), nd, 0.0)
         row_total += nd
@@ -266,7 +263,7 @@ def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tenso
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
-        float(getattr(p, "safety_z", 0.0)), int(p.warmup_steps),
-        ABSURD_US, BLOCK_N=block_n(n_ranks), SAFETY=hasattr(p, "safety_z"),
+        float(p.safety_z), int(p.warmup_steps),
+        ABSURD_US, BLOCK_N=block_n(n_ranks),
         num_warps=num_warps_for(n_ranks),
     )
