@@ -213,6 +213,10 @@ def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
     paced_sum = doc["runs"][1]["summary"]
     assert paced_sum["active_fraction"] > 0 and paced_sum["delay_mean"] > 0
     assert doc["runs"][0]["summary"]["active_fraction"] == 0
+    amp = {r["summary"]["label"]: next(m for m in r["modes"] if m["mode"] ==
+                                       "sync_amplification") for r in doc["runs"]}
+    assert "pacing was on" in amp["paced"]["action"]
+    assert "pacing was on" not in amp["baseline"]["action"]
     for run in doc["runs"]:  # pacing delays arrivals, not the natural lateness it measures
         assert run["modes"][0]["mode"] == "locality" and sorted(run["modes"][0]["ranks"]) == [6, 7]
     page = (out / "report.html").read_text()

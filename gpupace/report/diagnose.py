@@ -389,8 +389,12 @@ def _diagnose(run: Run) -> Diagnosis:
         conf = float(np.clip(sig, 0, 1) * size * min(1.0, share / 0.1)) if worth else 0.0
         verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
                    else "not enough evidence")
-        findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict,
-                                    _action(mode, ranks), lost[mode]))
+        action = _action(mode, ranks)
+        paced = float(run.active[ok].mean())
+        if mode == "sync_amplification" and paced > 0.1:
+            action = (f"pacing was on for {100 * paced:.0f}% of the steps: this is what it left; "
+                      "compare with an unpaced baseline, and tune threshold_us and gain")
+        findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict, action, lost[mode]))
     findings.sort(key=lambda f: (-f.share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
 
