@@ -1,1 +1,15 @@
-"""Reports and diagnosis from telemetry (in progress)."""
+"""`gpupace report`: makes coordination costs visible from telemetry files.
+
+Modules: `load` (files -> runs as arrays), `diagnose` (lost time split between the study's
+four failure modes), `plots` (PNGs), `html` (report.html, findings.json), `cli`, and
+`tensorboard` (optional live logging of the same scalars).
+
+    from gpupace.report import diagnose, load_runs
+    for run in load_runs(["baseline.jsonl", "paced.jsonl"]):
+        print(run.label, [(m.mode, round(m.share, 2), m.verdict) for m in diagnose(run).modes])
+"""
+
+from .diagnose import MODES, Diagnosis, ModeFinding, diagnose
+from .load import Run, load_runs
+
+__all__ = ["MODES", "Diagnosis", "ModeFinding", "Run", "diagnose", "load_runs"]
