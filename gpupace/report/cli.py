@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(findings(runs, diags), indent=1) + "\n", encoding="utf-8")
         print(path)
     for run_, d in zip(runs, diags, strict=True):
-        top = d.modes[0]
         s = d.summary
         lost = f"lost {100 * s['lost_fraction']:.1f}%" if "lost_fraction" in s else "no verdict"
-        print(f"{run_.label}: {lost}; top mode {top.mode} ({100 * top.share:.0f}%, "
-              f"{top.verdict})")
+        named = [f"{m.mode} {100 * m.share:.0f}% ({m.verdict})" for m in d.modes
+                 if m.verdict != "not enough evidence"]
+        print(f"{run_.label}: {lost}; " + (", ".join(named) or "no mode with enough evidence"))
     return 0
