@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..telemetry import summarize
 from .diagnose import Diagnosis, _clean, scaling
 from .load import Run
@@ -62,15 +64,16 @@ def run_summary(run: Run, diag: Diagnosis) -> dict[str, Any]:
 
 
 def _records_view(run: Run) -> list[Any]:
-    """Minimal StepRecord-like rows for `summarize` (it reads a few attributes)."""
+    """Light StepRecords for `summarize`, which reads the scalars and the sum of the delays:
+    no per-rank lists (4096 ranks x 100k steps would be 400 M Python floats)."""
     from ..telemetry import StepRecord
 
+    delay_sum = np.nansum(run.delay, axis=1) if run.delay.size else np.zeros(run.steps)
     return [StepRecord(step=int(run.step[k]), time_s=float(run.time_s[k]),
                        step_time_us=float(run.step_time[k]), spread_us=float(run.spread[k]),
                        residual_us=float(run.residual[k]), transfer_us=float(run.transfer[k]),
                        straggler=int(run.straggler[k]), active=bool(run.active[k]),
-                       earliness_us=[0.0] * run.world_size,
-                       delay_us=[float(v) for v in run.delay[k] if math.isfinite(v)])
+                       delay_us=[float(delay_sum[k])])
             for k in range(run.steps) if run.step[k] >= run.warmup_steps]
 
 
