@@ -24,7 +24,7 @@ from .load import Run
 SUMMARY_ROWS = (  # key, label, scale, format
     ("steps", "steps", 1, "{:.0f}"),
     ("warmup_steps_left_out", "warm-up steps left out", 1, "{:.0f}"),
-    ("throughput", "throughput ({unit})", 1, "{:,.1f}"),
+    ("throughput", "throughput", 1, "{:,.1f}"),
     ("step_time_mean", "step time mean (ms)", 1e-3, "{:.2f}"),
     ("step_time_cv", "step time CV", 1, "{:.3f}"),
     ("step_time_p50", "step time p50 (ms)", 1e-3, "{:.2f}"),
@@ -124,10 +124,11 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
     parts.append("<h2>Summary</h2><table><tr><th class='l'></th>"
                  + "".join(f"<th>{esc(r.label)}</th>" for r in runs) + "</tr>")
     for key, label, scale, fmt in SUMMARY_ROWS:
-        label = label.format(unit=sums[0].get("throughput_unit", "steps/s"))
-        parts.append(f"<tr><td class='l'>{esc(label)}</td>"
-                     + "".join(f"<td>{_fmt(s.get(key), scale, fmt)}</td>" for s in sums)
-                     + "</tr>")
+        cells = []
+        for s in sums:  # a real run without samples_per_step in its header counts steps
+            unit = f" {s.get('throughput_unit', 'steps/s')}" if key == "throughput" else ""
+            cells.append(f"<td>{_fmt(s.get(key), scale, fmt)}{unit}</td>")
+        parts.append(f"<tr><td class='l'>{esc(label)}</td>{''.join(cells)}</tr>")
     parts.append("</table>")
 
     parts.append("<h2>Diagnosis</h2><p>Time lost against the ideal step (the fastest step the "
