@@ -16,6 +16,7 @@ paced collectives in the same order (as it must issue the collectives themselves
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,11 +37,14 @@ class Pacer:
     "auto" (device for CUDA groups when it can run, else host).
     `samples_per_step`: scales `throughput` in `summary()` (steps/s when 1).
     `label` and `telemetry_extra` go into the telemetry file's header.
+    `tensorboard_dir`: log each step's scalars to TensorBoard (rank 0; needs `pip install
+    tensorboard`).
     """
 
     def __init__(self, config: PaceConfig | None = None, group: Any = None, *,
                  backend: str = "auto", samples_per_step: float = 1.0, label: str = "",
-                 telemetry_extra: dict[str, Any] | None = None):
+                 telemetry_extra: dict[str, Any] | None = None,
+                 tensorboard_dir: str | os.PathLike | None = None):
         self.config = config if config is not None else PaceConfig()
         if not isinstance(self.config, PaceConfig):
             raise TypeError(f"config must be a PaceConfig, got {type(self.config).__name__}")
@@ -72,9 +76,14 @@ class Pacer:
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
                                  label=label, config=self.config.to_dict(),
-                                 **(telemetry_extra or {}))
+                                 samples_per_step=samples_per_step, **(telemetry_extra or {}))
             self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
                                            self.config.telemetry_interval)
+        self._tb = None
+        if tensorboard_dir is not None and self.enabled and self.rank == 0:
+            from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
+
+            self._tb = TensorBoardLogger(tensorboard_dir)
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
@@ -179,6 +188,8 @@ class Pacer:
         self.ring.append(record)
         if self._writer is not None:
             self._writer.write(record)
+        if self._tb is not None:
+            self._tb.log(record)
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
@@ -202,10 +213,14 @@ class Pacer:
     def close(self) -> None:
         """Collects what the device still holds, flushes and closes the telemetry file. Safe to
         call twice."""
-        if self._writer is not None:
+        if self._writer is not None or self._tb is not None:
             self.drain()
+        if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     def __enter__(self) -> Pacer:
         return self

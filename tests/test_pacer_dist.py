@@ -132,3 +132,18 @@ def test_bad_arguments():
         Pacer({"mode": "pace"})
     with pytest.raises(RuntimeError, match="backend='device' cannot run here"):
         Pacer(backend="device")
+
+
+def test_pacer_logs_live_scalars_to_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard", reason="needs tensorboard (pip install tensorboard)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    pacer = Pacer(PaceConfig(warmup_steps=0), tensorboard_dir=tmp_path)
+    for _ in range(4):
+        with pacer.site("compute"):
+            time.sleep(0.001)
+        pacer.step()
+    pacer.close()
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("gpupace/step_time_ms")] == [1, 2, 3]
