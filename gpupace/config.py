@@ -67,9 +67,9 @@ class PaceConfig:
 
     overshoot_risk: float | None = None
     """Target probability, per step and site, that pacing delays some rank past the last
-    arrival. A rank's delay stays below its mean earliness less z standard deviations, with
-    z = sqrt(2 ln(world size / overshoot_risk)) (a Gaussian tail bound over all ranks): 3.0 at
-    4 ranks, 3.6 at 64, 4.6 at 4096 for the default 0.1."""
+    arrival. A rank's delay stays below its mean earliness less z standard deviations, z the
+    (1 - overshoot_risk / world size) quantile of the normal law: 1.96 at 4 ranks, 3.0 at 64,
+    4.1 at 4096 for the default 0.1."""
 
     warmup_steps: int | None = None
     """Steps measured but never paced at the start (allocators, autotuning, DDP bucket rebuild)."""

@@ -62,8 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
     p.add_argument("--wait", choices=WAITS, default="sleep",
                    help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
-    p.add_argument("--straggle-ms", type=float, default=8.0,
-                   help="size of the injected straggler work in ms of one core (default 8)")
+    p.add_argument("--straggle-ms", type=float, default=20.0,
+                   help="size of the injected straggler work in ms of one core (default 20)")
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
