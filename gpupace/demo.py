@@ -1,8 +1,9 @@
 """`gpupace demo`: a real multi-rank DDP run on this machine, baseline against paced.
 
 It spawns N local ranks (gloo on CPU; NCCL with one GPU per rank where there are enough GPUs),
-injects straggler work from a named scenario, trains the same model with the same seed twice
-(baseline: measured, never delayed; then paced) and prints the two side by side.
+injects straggler work from a named scenario, trains the same model with the same seed as a
+baseline (measured, never delayed) and paced, in four alternating phases (baseline, paced,
+paced, baseline; see `demo_worker`), and prints the two sides side by side.
 
 `--wait sleep` is gloo as it is: a waiting rank sleeps, so there is none of the coupling that
 makes pacing pay on GPUs, and pacing can at best break even. `--wait spin` makes waiting ranks
@@ -58,7 +59,9 @@ def make_schedule(scenario: str, world: int, steps: int, straggle_ms: float,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
-    p.add_argument("--steps", type=int, default=120, help="training steps per run (default 120)")
+    p.add_argument("--steps", type=int, default=160,
+                   help="training steps of each side, baseline and paced, in two phases "
+                   "each (default 160)")
     p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
     p.add_argument("--wait", choices=WAITS, default="sleep",
                    help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
@@ -69,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl when there is one GPU per rank, else gloo")
     p.add_argument("--telemetry", metavar="DIR",
-                   help="write DIR/baseline.jsonl and DIR/paced.jsonl (for gpupace report)")
+                   help="write DIR/{baseline,paced}-{1,2}.jsonl, one file per phase "
+                   "(for gpupace report)")
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the run is abandoned (default 600)")
@@ -83,29 +87,26 @@ def run(args: argparse.Namespace) -> int:
 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.ranks \
             and torch.distributed.is_nccl_available() else "gloo"
-    from .demo_worker import ms_per_unit, run_both
+    from .demo_worker import ms_per_unit, run_abba
 
     unit_ms = ms_per_unit()
     schedule = make_schedule(args.scenario, args.ranks, args.steps, args.straggle_ms, args.seed)
-    paths = {"baseline": None, "paced": None}
-    if args.telemetry:
-        paths = {k: str(Path(args.telemetry) / f"{k}.jsonl") for k in paths}
-    config = PaceConfig(warmup_steps=min(10, args.steps // 4), telemetry_interval=20)
+    config = PaceConfig(warmup_steps=min(10, args.steps // 8), telemetry_interval=20)
     print(f"gpupace demo: scenario {args.scenario}, {args.ranks} ranks ({backend}, "
           f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    results = run_ranks(run_both, args.ranks, backend=backend, timeout_s=args.timeout,
+    results = run_ranks(run_abba, args.ranks, backend=backend, timeout_s=args.timeout,
                         schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
                         batch=args.batch, seed=args.seed, config=config,
-                        telemetry_paths=paths, scenario=args.scenario, show_progress=True)
+                        telemetry_dir=args.telemetry, scenario=args.scenario, show_progress=True)
     result = comparison(args, backend, results[0])
     print(format_table(result))
     print(f"({time.perf_counter() - t0:.1f} s; one unit of injected work measured at "
           f"{unit_ms * 1e3:.0f} us)", file=sys.stderr)
     if args.telemetry:
-        print(f"telemetry: {paths['baseline']} {paths['paced']}  "
-              f"(gpupace report {paths['baseline']} {paths['paced']} --out DIR)", file=sys.stderr)
+        print(f"telemetry: {args.telemetry}/{{baseline,paced}}-{{1,2}}.jsonl  "
+              f"(gpupace report {args.telemetry} --out DIR)", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2) + "\n")
@@ -115,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> None:
     if args.ranks < 1:
         raise ValueError(f"--ranks must be >= 1, got {args.ranks}")
-    if args.steps < 20:
-        raise ValueError(f"--steps must be >= 20 (warm-up and statistics), got {args.steps}")
+    if args.steps < 40:
+        raise ValueError(f"--steps must be >= 40 (two phases, warm-up and statistics), "
+                         f"got {args.steps}")
     if not (args.straggle_ms >= 0 and math.isfinite(args.straggle_ms)):
         raise ValueError(f"--straggle-ms must be a finite number >= 0, got {args.straggle_ms}")
     if args.batch < 1:

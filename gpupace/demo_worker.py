@@ -1,6 +1,8 @@
 """One rank of `gpupace demo`: a small MLP trained with DDP through the pacing comm hook, with
-straggler work injected from a schedule, run twice in one process group (baseline in `observe`
-mode, then paced), so both runs see the same ranks, data and injected work.
+straggler work injected from a schedule. Baseline (`observe`: measured, never delayed) and
+paced runs alternate in four phases, baseline-paced-paced-baseline, in one process group, each
+pair on the same half of the schedule, so a drift of the machine over the run (caches, clocks,
+other load) cancels out of the comparison instead of favouring whichever ran second.
 
 The injected work is real compute (matrix products), not sleep: a straggler that needs a core
 competes with whatever else wants one, which is what couples ranks on a shared machine.
@@ -11,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .config import PaceConfig
 from .integrations.ddp import ddp_comm_hook
 from .pacer import Pacer
+from .telemetry import StepRecord, summarize
 
 WORK_DIM = 96  # one unit of injected work: a 96x96 matrix product (~0.1 ms on one core)
 
@@ -87,7 +91,8 @@ def build_model(seed: int) -> torch.nn.Module:
 
 def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
           units_per_ms: float, wait: str, batch: int, seed: int, config: PaceConfig,
-          telemetry_path: str | None, scenario: str, show_progress: bool) -> dict[str, Any]:
+          telemetry_path: str | None, scenario: str, show_progress: bool) -> list[StepRecord]:
+    """Trains on `schedule`; returns this rank's telemetry records after the warm-up."""
     device = torch.device(f"cuda:{rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
     model = build_model(seed).to(device)
     ddp = DDP(model, bucket_cap_mb=0.5, device_ids=[rank] if device.type == "cuda" else None)
@@ -116,23 +121,35 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
             torch.nn.functional.cross_entropy(ddp(x), y).backward()
             opt.step()
             pacer.step()
-            if show_progress and rank == 0 and (k + 1) % max(1, steps // 10) == 0:
+            if show_progress and rank == 0 and (k + 1) % max(1, steps // 4) == 0:
                 print(f"  {label}: step {k + 1}/{steps}", file=sys.stderr, flush=True)
     finally:
         pacer.close()
         if spinner is not None:
             spinner.close()
-    summary = pacer.summary()
-    summary["wall_s"] = time.perf_counter() - t0
-    return summary
+    return [r for r in pacer.ring if r.step >= cfg.warmup_steps]
 
 
-def run_both(rank: int, world: int, **kwargs: Any) -> dict[str, Any]:
-    """Baseline (observe: measured, never delayed), then paced, in the same process group."""
-    paths = kwargs.pop("telemetry_paths")
-    out = {}
-    for label, mode in (("baseline", "observe"), ("paced", "pace")):
-        out[label] = train(rank, world, mode=mode, label=label, telemetry_path=paths[label],
-                           **kwargs)
+PHASES = (("baseline", "observe", 0), ("paced", "pace", 0), ("paced", "pace", 1),
+          ("baseline", "observe", 1))
+
+
+def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str | None,
+             **kwargs: Any) -> dict[str, Any]:
+    """The four phases; returns the summary of each side over both of its phases."""
+    half = schedule.shape[0] // 2
+    records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}
+    wall = dict.fromkeys(records, 0.0)
+    for side, mode, k in PHASES:
+        label = f"{side}-{k + 1}"
+        path = str(Path(telemetry_dir) / f"{label}.jsonl") if telemetry_dir else None
+        t0 = time.perf_counter()
+        records[side] += train(rank, world, mode=mode, label=label, telemetry_path=path,
+                               schedule=schedule[k * half:(k + 1) * half], **kwargs)
+        wall[side] += time.perf_counter() - t0
         dist.barrier()
+    out = {}
+    for side, recs in records.items():
+        out[side] = summarize(recs, world, kwargs["batch"] * world)
+        out[side]["wall_s"] = wall[side]
     return out

@@ -12,14 +12,14 @@ from gpupace.telemetry import read_telemetry
 
 def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     out = tmp_path / "demo.json"
-    rc = main(["demo", "--ranks", "2", "--steps", "24", "--scenario", "persistent",
+    rc = main(["demo", "--ranks", "2", "--steps", "40", "--scenario", "persistent",
                "--straggle-ms", "4", "--json", str(out), "--telemetry", str(tmp_path / "tel"),
                "--timeout", "150"])
     assert rc == 0
     table = capsys.readouterr().out
     assert "baseline" in table and "paced" in table and "throughput" in table
     result = json.loads(out.read_text())
-    assert (result["scenario"], result["world_size"], result["steps"]) == ("persistent", 2, 24)
+    assert (result["scenario"], result["world_size"], result["steps"]) == ("persistent", 2, 40)
     for side in ("baseline", "paced"):
         for key in ("throughput", "step_time_cv", "step_time_p50", "step_time_p99",
                     "spread_mean", "spread_p99"):
@@ -29,10 +29,10 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     # rank 1 carries the injected work: it is the last arrival on most steady steps
     hist = result["baseline"]["straggler_histogram"]
     assert hist[1] > hist[0]
-    for side in ("baseline", "paced"):
-        tel = read_telemetry(tmp_path / "tel" / f"{side}.jsonl")
-        assert tel.header["label"] == side and tel.header["scenario"] == "persistent"
-        assert len(tel.records) == 24 and not tel.skipped
+    for label in ("baseline-1", "paced-1", "paced-2", "baseline-2"):  # the four phases
+        tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
+        assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
+        assert len(tel.records) == 20 and not tel.skipped
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -56,7 +56,7 @@ def test_schedule_scenarios_put_the_work_where_they_say():
     "argv, message",
     [
         (["--ranks", "0"], "--ranks must be >= 1, got 0"),
-        (["--steps", "5"], "--steps must be >= 20"),
+        (["--steps", "30"], "--steps must be >= 40"),
         (["--straggle-ms", "nan"], "--straggle-ms must be a finite number"),
         (["--batch", "0"], "--batch must be >= 1"),
     ],
