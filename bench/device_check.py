@@ -143,6 +143,7 @@ def quantiles(x) -> dict[str, float]:
 
 def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     import torch
+
     from gpupace.kernels import clock, spin
 
     fig["timer_tick_ns"] = float(np.median([clock.measure_tick() for _ in range(5)]))

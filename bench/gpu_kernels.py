@@ -56,6 +56,7 @@ def bench_stamp(h: Harness) -> None:
         h.skip("stamp", why)
         return
     import torch
+
     from gpupace.kernels import spin, stamp
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -95,6 +96,7 @@ def bench_spin(h: Harness) -> None:
         h.skip("spin", why)
         return
     import torch
+
     from gpupace.kernels import spin
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -195,10 +197,10 @@ def bench_update(h: Harness) -> None:
         return
     import cupy
     import torch
-    from gpupace.kernels import reduce, update
 
     from gpupace import PaceConfig
     from gpupace.backends.device import DeviceEngine
+    from gpupace.kernels import reduce, update
 
     # The launcher's buffers, in its order (gathered, then the engine's reduction outputs):
     # the list grew while this suite was written (a median was added), so read it.

@@ -14,12 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # bench/ runs from a checkout; it is not an installed package
-    sys.path.insert(0, str(ROOT))
+from bench.__main__ import gpu_missing, main
+from bench.harness import SCHEMA, Harness, Machine, interleave, quantiles, time_calls
 
-from bench.__main__ import gpu_missing, main  # noqa: E402
-from bench.harness import SCHEMA, Harness, Machine, interleave, quantiles, time_calls  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quantiles_of_known_samples():

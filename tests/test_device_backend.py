@@ -83,9 +83,8 @@ def test_host_pacer_warmup_is_a_no_op():
 
 def test_engine_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    from gpupace.kernels import clock
-
     from gpupace.backends.device import DeviceEngine
+    from gpupace.kernels import clock
 
     if clock.interpreting():
         pytest.skip("kernels are loaded under the interpreter in this process")

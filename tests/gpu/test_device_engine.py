@@ -100,9 +100,8 @@ def test_capture_once_replay_200_with_skew_delays_adapt(figures):
     transfer takes 20 us, so rank 0's collective (a spin standing in for it) lasts until
     320 us after its arrival. The whole step is captured once; the replays alone must learn
     the delay, with no host work."""
-    from gpupace.kernels import spin
-
     from gpupace.backends.device import DeviceEngine
+    from gpupace.kernels import spin
 
     eng = DeviceEngine(paced_config(), None, 0, 3)
     m = eng.max_sites

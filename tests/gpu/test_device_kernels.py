@@ -98,6 +98,7 @@ def random_rows(rng, n, m, n_sites, bad=True):
                                          (300, 2, 1), (1000, 64, 64)])
 def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):
     import cupy
+
     from gpupace.kernels import reduce
 
     rng = np.random.default_rng(n * 100 + m)
