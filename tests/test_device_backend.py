@@ -4,7 +4,6 @@ NumPy twin of the reduction), driven by a test clock, against the NumPy policy."
 
 from __future__ import annotations
 
-import importlib
 import sys
 
 import numpy as np
@@ -14,22 +13,11 @@ import torch
 from gpupace import PaceConfig, Pacer, policy
 from gpupace.backends import device_backend_missing
 
-KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
-
-
-def reload_kernels() -> None:
-    for name in KERNEL_MODULES:
-        importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
-
 
 @pytest.fixture(scope="module")
-def interp():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    reload_kernels()
-    yield
-    mp.undo()
-    reload_kernels()
+def interp(k):
+    """The kernels under TRITON_INTERPRET=1 (conftest's `k`), for tests that only need the mode."""
+    return k
 
 
 # -- selection ---------------------------------------------------------------------------------

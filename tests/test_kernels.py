@@ -8,7 +8,6 @@ and reloads them back afterwards, so other tests see ordinary compiled kernels.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -18,26 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupace import PaceConfig, policy
-
-KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
-
-
-def reload_kernels() -> dict:
-    mods = {}
-    for name in KERNEL_MODULES:  # clock first: the others import its jit functions
-        mods[name] = importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
-    return mods
-
-
-@pytest.fixture(scope="module")
-def k():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    mods = reload_kernels()
-    assert mods["clock"].interpreting()
-    yield mods
-    mp.undo()
-    reload_kernels()
 
 
 def buffers(m: int, start_ns: int = 1_000_000):

@@ -4,27 +4,8 @@ its flag instead of spinning forever. Plus the virtual cluster's own checks that
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
-
-KERNEL_MODULES = ("clock", "barrier")
-
-
-def reload_kernels() -> dict:
-    return {name: importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
-            for name in KERNEL_MODULES}
-
-
-@pytest.fixture(scope="module")
-def k():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    mods = reload_kernels()
-    yield mods
-    mp.undo()
-    reload_kernels()
 
 
 def test_barrier_passes_when_all_have_arrived(k):

@@ -9,7 +9,6 @@ float32 as in float64; floors and delays then agree to float32 rounding.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
@@ -19,23 +18,6 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from gpupace import PaceConfig, policy
-
-KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce")
-
-
-def reload_kernels() -> dict:
-    return {name: importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
-            for name in KERNEL_MODULES}
-
-
-@pytest.fixture(scope="module")
-def k():
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    mods = reload_kernels()
-    yield mods
-    mp.undo()
-    reload_kernels()
 
 
 class DeviceSide:

@@ -1,0 +1,27 @@
+"""Shared fixtures: the device kernels reloaded under TRITON_INTERPRET=1, so that every line but
+the inline-asm clock runs on the CPU."""
+
+import importlib
+
+import pytest
+
+# clock first: the others import its jit functions
+KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce", "barrier")
+
+
+def reload_kernels() -> dict:
+    return {name: importlib.reload(importlib.import_module(f"gpupace.kernels.{name}"))
+            for name in KERNEL_MODULES}
+
+
+@pytest.fixture(scope="module")
+def k():
+    """The kernel modules, reloaded with TRITON_INTERPRET=1 (Triton reads it at import) for one
+    test module, then reloaded back so that other modules see the normal build."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    mods = reload_kernels()
+    assert mods["clock"].interpreting()
+    yield mods
+    mp.undo()
+    reload_kernels()
