@@ -174,7 +174,7 @@ class Pacer:
             self._keep(record)
         return record
 
-    def drain(self) -> list:
+    def drain(self) -> list[StepRecord]:
         """Collects the telemetry records the device backend still holds (it copies them back
         lazily; in CUDA-graph mode, call this at least every 256 replays or the oldest are
         overwritten). Synchronises: call it outside the step loop. Host backend: nothing held."""
