@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from gpupace.config import PaceConfig
+from gpupace.policy import oracle_delays
 from gpupace.sim import Scenario, engine, presets, simulate
 from gpupace.sim.scenario import MAX_BUCKETS, SPIN_COUPLING
 
@@ -179,3 +180,13 @@ def test_paper_baseline_stays_calibrated():
     big = simulate(presets.paper(64), "none", steps=3000, seed=0).summary(skip=0)
     assert 0.17 < big["step_time_cv"] < 0.27
     assert 7000 < big["throughput"] < 9500  # the study's baseline: 8200 samples/s
+
+
+def test_inlined_oracle_equals_policy_oracle_delays():
+    res = simulate(presets.mixed(1), "oracle", steps=40, seed=2, keep_sites=True)
+    w, d = res.site_wait_us, res.site_delay_us  # [steps, ranks, sites]
+    natural = w + d  # time from natural arrival to the common exit
+    for k in range(natural.shape[0]):
+        for b in range(natural.shape[2]):
+            want = oracle_delays(natural[k, :, b].max() - natural[k, :, b])
+            np.testing.assert_allclose(d[k, :, b], want, atol=1e-6)

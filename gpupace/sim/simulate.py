@@ -6,7 +6,8 @@ Policies:
            inputs a real pacer measures: every rank's wait w and applied delay d per site and
            its step time; its next delays are applied at the next step.
   oracle   perfect foresight, `gpupace.policy.oracle_delays` on the true natural arrivals of
-           each bucket (no guard, no cap): the upper bound pacing is judged against.
+           each bucket (no guard, no cap; inlined in `engine.oracle_step` for speed, tested
+           equal): the upper bound pacing is judged against.
 The simulated collectives end at the same instant on every rank, so the clock-free earliness
 the policy estimates equals the true one here; a real fabric adds a few us of exit skew.
 """
@@ -53,7 +54,7 @@ class SimResult:
     site_wait_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
     site_delay_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
     elapsed_s: float = 0.0  # wall time of the run, compile excluded
-    policy_s: float = 0.0  # of which in gpupace.policy (update or oracle_delays)
+    policy_s: float = 0.0  # of which in gpupace.policy.update (the oracle runs inside the engine)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,14 +147,8 @@ def simulate(
         out_cont[k:k + c] = ch.contention
         for j in range(c):
             if policy == "oracle":
-                db, xb = zeros[:, 0], 0.0
-                for b in range(nb + 1):
-                    engine.oracle_advance(b, db, xb, ch.opt[j], ch.fwd[j], ch.work[j], kp, kc,
-                                          ready, a, e, s, x, w, d)
-                    if b < nb:
-                        tq = time.perf_counter()
-                        db, xb = pol.oracle_delays(a[:, b]), ch.xfer[j, b]
-                        t_policy += time.perf_counter() - tq
+                engine.oracle_step(ch.opt[j], ch.fwd[j], ch.work[j], ch.xfer[j], kp, kc, ready,
+                                   a, e, s, x, w, d)
                 out_active[k] = d.max(axis=0) > 0
             else:
                 delay = state.delay if policy == "gpupace" else zeros
