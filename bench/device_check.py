@@ -37,6 +37,10 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
+
+from bench.__main__ import gpu_missing  # noqa: E402
+
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
     "graph_overhead_us": 3.0,
@@ -63,15 +67,6 @@ def ensure_installed() -> bool:
                     "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=300)
     return True
 
-
-def cuda_missing() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device (torch.cuda.is_available() is False)"
-    return None
 
 
 def slug(text: str) -> str:
@@ -466,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suite-timeout", type=int, default=90)
     args = ap.parse_args(argv)
 
-    why = cuda_missing()
+    why = gpu_missing()
     if why:
         print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
         return 0
