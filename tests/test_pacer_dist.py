@@ -147,3 +147,22 @@ def test_pacer_logs_live_scalars_to_tensorboard(tmp_path):
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [e.step for e in acc.Scalars("gpupace/step_time_ms")] == [1, 2, 3]
+
+
+def _disagreeing_sites(rank, world):
+    pacer = Pacer(PaceConfig(warmup_steps=0))
+    t = torch.ones(16)
+    records = []
+    for _ in range(3):
+        pacer.all_reduce(t)
+        if rank == 0:  # a site around something that is not a collective, on one rank only
+            with pacer.site("local"):
+                time.sleep(0.001)
+        records.append(pacer.step())
+    return records, pacer.next_delays_us.tolist()
+
+
+def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
+    for records, delays in run_ranks(_disagreeing_sites, 2, timeout_s=90):
+        assert records == [None, None, None]
+        assert delays == []
