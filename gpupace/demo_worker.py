@@ -111,7 +111,6 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     steps = schedule.shape[0]
-    t0 = time.perf_counter()
     try:
         for k in range(steps):
             x = torch.randn(batch, 256, generator=gen).to(device)

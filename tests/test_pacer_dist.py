@@ -2,6 +2,7 @@
 applied, the clock-free estimator against true arrival times on the shared CLOCK_MONOTONIC."""
 
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -153,16 +154,19 @@ def _disagreeing_sites(rank, world):
     pacer = Pacer(PaceConfig(warmup_steps=0))
     t = torch.ones(16)
     records = []
-    for _ in range(3):
-        pacer.all_reduce(t)
-        if rank == 0:  # a site around something that is not a collective, on one rank only
-            with pacer.site("local"):
-                time.sleep(0.001)
-        records.append(pacer.step())
-    return records, pacer.next_delays_us.tolist()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            pacer.all_reduce(t)
+            if rank == 0:  # a site around something that is not a collective, on one rank only
+                with pacer.site("local"):
+                    time.sleep(0.001)
+            records.append(pacer.step())
+    return records, pacer.next_delays_us.tolist(), [str(w.message) for w in caught]
 
 
 def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
-    for records, delays in run_ranks(_disagreeing_sites, 2, timeout_s=90):
+    for records, delays, warned in run_ranks(_disagreeing_sites, 2, timeout_s=90):
         assert records == [None, None, None]
         assert delays == []
+        assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]

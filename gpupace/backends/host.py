@@ -10,6 +10,7 @@ stamps across ranks.
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -58,6 +59,7 @@ class HostEngine:
         self._next_delay = np.zeros(self.max_sites)
         self._new_step()
         self._prev_exit0: int | None = None
+        self._warned_disagree = False
         self._gather_out = [torch.zeros(2 + 2 * self.max_sites, dtype=torch.float64)
                             for _ in range(world_size)]
 
@@ -107,6 +109,12 @@ class HostEngine:
         if n == 0 or counts.max() != n:
             # Ranks disagree on the sites of this step (or there were none): nothing to
             # compare; no delays until they agree again.
+            if counts.max() != n and not self._warned_disagree:
+                warnings.warn(f"gpupace: ranks passed different numbers of paced sites in step "
+                              f"{step} ({int(n)} to {int(counts.max())}); every rank must pace "
+                              f"the same collectives in the same order. No delays until they "
+                              f"agree.", RuntimeWarning, stacklevel=3)
+                self._warned_disagree = True
             self._next_delay[:] = 0.0
             return None
         if self.state is None or self.state.shape != (self.world_size, n):
