@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +61,12 @@ class Pacer:
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
         self.backend = self._pick_backend(backend, pg_backend)
+        if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
+            why = device_backend_missing()
+            hint = f"the device backend cannot run here: {why}" if why else "use backend='device'"
+            warnings.warn("gpupace: the host backend on an NCCL group stamps when collectives are "
+                          f"enqueued, not when they run on the GPU, so its spreads say little; {hint}",
+                          RuntimeWarning, stacklevel=2)
         self.samples_per_step = samples_per_step
         self.steps = 0
         self._t0 = time.perf_counter()
