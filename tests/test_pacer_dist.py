@@ -170,3 +170,16 @@ def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
         assert records == [None, None, None]
         assert delays == []
         assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]
+
+
+def test_host_backend_on_an_nccl_group_warns(monkeypatch, tmp_path):
+    """The CPU build has no NCCL: a one-rank gloo group stands in, reporting itself as nccl."""
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+        with pytest.warns(RuntimeWarning, match="stamps when collectives are enqueued.*"
+                                                "the device backend cannot run here"):
+            Pacer(PaceConfig())
+    finally:
+        dist.destroy_process_group()
