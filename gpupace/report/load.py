@@ -176,7 +176,7 @@ def _run_key(header: dict[str, Any]) -> str:
 
 def expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
     """The files to read: a directory stands for its *.jsonl files, sorted (what
-    `gpupace demo --telemetry DIR` writes: baseline.jsonl, paced.jsonl)."""
+    `gpupace demo --telemetry DIR` writes: baseline-1.jsonl, paced-1.jsonl, ...)."""
     if not paths:
         raise ValueError("no telemetry files given")
     files: list[Path] = []
