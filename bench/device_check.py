@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
 from bench.__main__ import gpu_missing  # noqa: E402
+from bench.harness import git_state, quantiles  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
@@ -115,22 +116,8 @@ def machine() -> dict[str, Any]:
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:
         pass
-    try:
-        info["commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-    except Exception:
-        pass
+    info["commit"] = git_state()[0] or None
     return info
-
-
-def quantiles(x) -> dict[str, float]:
-    a = np.asarray(x, dtype=np.float64)
-    return {f"p{q}": float(np.percentile(a, q)) for q in (20, 50, 80, 99)} | {"n": int(a.size)}
 
 
 # -- microbenchmarks ---------------------------------------------------------------------------
