@@ -1,5 +1,5 @@
-"""Cost of one policy update (`gpupace.policy.update`, which every rank runs once per step on
-the gathered matrix, and its NumPy twin `update_reference` where the module has one) for world
+"""Cost of one policy update (`gpupace.policy.update_in_place`, which every rank runs once per
+step on the gathered matrix, the pure `update` and the NumPy twin `update_reference`) for world
 sizes 8 to 4096 and 1 to 16 sites.
 
 Inputs look like a paced job: waits of a few hundred us with a few late ranks, so the spread
@@ -26,39 +26,32 @@ SITES_FULL = [1, 2, 4, 8, 16]
 TARGET_US = 100.0
 
 
-def policy_params(cfg, n_ranks: int):
-    """`PolicyParams.from_config`, with or without the rank count (its signature gained
-    `n_ranks` while this suite was written; accept both so the benchmark follows the policy)."""
-    import inspect
-
-    from gpupace import policy
-
-    if "n_ranks" in inspect.signature(policy.PolicyParams.from_config).parameters:
-        return policy.PolicyParams.from_config(cfg, n_ranks)
-    return policy.PolicyParams.from_config(cfg)
-
-
 def implementations() -> dict[str, Callable]:
-    """The update functions to time: `policy.update` (what the backends and the simulator
-    call) and, where the module keeps one, its NumPy twin `update_reference`."""
+    """The update functions to time, each called as `fn(params, state, w, d, steps)` and
+    returning the state to carry, keyed by the `gpupace.policy` function they call:
+    `update_in_place` (what the host backend and the simulator call every step), the pure
+    `update` (one copy of the state more) and its NumPy twin `update_reference`."""
     from gpupace import policy
 
-    impls = {"update": policy.update}
-    ref = getattr(policy, "update_reference", None)
-    if ref is not None and ref is not policy.update:
-        impls["update_reference"] = ref
-    return impls
+    def in_place(params, state, w, d, steps):
+        policy.update_in_place(params, state, w, d, steps)
+        return state
+
+    return {"update_in_place": in_place,
+            "update": lambda *a: policy.update(*a)[0],
+            "update_reference": lambda *a: policy.update_reference(*a)[0]}
 
 
 def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = None):
-    """Returns `step()`, one policy update (`fn`, default `policy.update`) on fresh inputs
+    """Returns `step()`, one policy update (`fn` from `implementations()`, default the in-place
+    one) on fresh inputs
     with the state carried over, and the box holding the state; inputs are drawn up front so
     the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
     from gpupace import PaceConfig, policy
 
-    fn = policy.update if fn is None else fn
+    fn = implementations()["update_in_place"] if fn is None else fn
     rng = np.random.default_rng(seed)
-    params = policy_params(PaceConfig(mode="pace"), n_ranks)
+    params = policy.PolicyParams.from_config(PaceConfig(mode="pace"), n_ranks)
     n_inputs = 64
     # Arrival earliness up to ~2 ms, a transfer of ~300 us; a random rank is the straggler.
     early = rng.exponential(400.0, size=(n_inputs, n_ranks, n_sites))
@@ -70,7 +63,7 @@ def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = N
 
     def step() -> None:
         i = box["i"] % n_inputs
-        box["state"], _ = fn(params, box["state"], waits[i], delays[i], steps[i])
+        box["state"] = fn(params, box["state"], waits[i], delays[i], steps[i])
         box["i"] += 1
 
     for _ in range(params.warmup_steps + params.on_steps + 2):  # past warm-up, pacing on
@@ -95,19 +88,20 @@ def bench_policy(h: Harness) -> None:
                 med[name][s][n] = h.record("policy_update", case, samples[name])["p50"]
                 active[f"{name} {n}x{s}"] = bool(box["state"].active.any())
     h.extras["policy_update"] = {
-        "impls": {k: f"{fn.__module__}.{fn.__qualname__}" for k, fn in impls.items()},
+        "impls": {k: f"gpupace.policy.{k}" for k in impls},
         "p50_us": {f"{k} {n}x{s}": med[k][s][n] for k in impls for s in sites for n in worlds},
         "pacing_active_in_case": active,
     }
     if 4096 in worlds and 4 in sites:
-        v = med["update"][4][4096]
+        v = med["update_in_place"][4][4096]
         c = h.check(
-            "policy update (policy.update), 4096 ranks x 4 sites, p50",
+            "policy update (policy.update_in_place, as the host backend calls it), "
+            "4096 ranks x 4 sites, p50",
             v,
             TARGET_US,
             "us",
             op="<",
-            detail=h.extras["policy_update"]["impls"]["update"],
+            detail=h.extras["policy_update"]["impls"]["update_in_place"],
         )
         if not c.met:
             h.extras["policy_update_profile_4096x4"] = profile(4096, 4, 50 if h.quick else 300)
@@ -156,7 +150,7 @@ def reduction_layout(h: Harness, n_ranks: int, n_sites: int, reps: int) -> None:
 def _draw(fig, worlds: list[int], sites: list[int], med: dict) -> None:
     ax = fig.add_subplot(1, 1, 1)
     colors = {}
-    for name, style in zip(med, ("-", "--"), strict=False):
+    for name, style in zip(med, ("-", "--", ":"), strict=False):
         for s in sites:
             (line,) = ax.plot(
                 worlds,

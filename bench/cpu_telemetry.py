@@ -28,20 +28,14 @@ def repeats_for(world: int, quick: bool) -> int:
 def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, object, int]:
     """The timed callables for an `n`-rank record, the writer to close, and the record size."""
     from gpupace import PaceConfig, policy
-
-    try:  # make_record moved from the host backend to telemetry; follow it either way
-        from gpupace.telemetry import make_record
-    except ImportError:
-        from gpupace.backends.host import make_record
-    from gpupace.telemetry import Ring, TelemetryWriter, make_header
-
-    from .cpu_policy import policy_params
+    from gpupace.telemetry import Ring, TelemetryWriter, make_header, make_record
 
     cfg = PaceConfig(mode="pace")
     w = 300.0 + rng.exponential(400.0, size=(n, N_SITES))
     d = np.zeros_like(w)
     steps = rng.normal(20_000.0, 500.0, size=n)
-    _, stats = policy.update(policy_params(cfg, n), policy.init_state(n, N_SITES), w, d, steps)
+    params = policy.PolicyParams.from_config(cfg, n)
+    _, stats = policy.update(params, policy.init_state(n, N_SITES), w, d, steps)
     writer = TelemetryWriter(
         path, make_header(source="bench", world_size=n), cfg.telemetry_interval
     )

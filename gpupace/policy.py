@@ -14,7 +14,7 @@ Raw timestamps are never compared across ranks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from statistics import NormalDist
 from typing import NamedTuple
 
@@ -83,6 +83,11 @@ class PolicyState:
     def shape(self) -> tuple[int, int]:
         return self.floor.shape
 
+    def copy(self) -> PolicyState:
+        """A deep copy that keeps each array's memory order."""
+        values = (getattr(self, f.name) for f in fields(self))
+        return PolicyState(*(v.copy(order="K") if isinstance(v, np.ndarray) else v for v in values))
+
 
 @dataclass(slots=True)
 class StepStats:
@@ -110,12 +115,14 @@ def safety_z(overshoot_risk: float, n_ranks: int) -> float:
 def init_state(n_ranks: int, n_sites: int) -> PolicyState:
     if n_ranks < 1 or n_sites < 1:
         raise ValueError(f"need at least one rank and one site, got {n_ranks} ranks, {n_sites} sites")
+    # Fortran order: the fused kernel reads these as site-major [S, N] without a copy.
+    shape = (n_ranks, n_sites)
     return PolicyState(
-        floor=np.zeros((n_ranks, n_sites)),
-        calm=np.zeros((n_ranks, n_sites), dtype=np.int64),
-        mean=np.zeros((n_ranks, n_sites)),
-        var=np.full((n_ranks, n_sites), -1.0),
-        delay=np.zeros((n_ranks, n_sites)),
+        floor=np.zeros(shape, order="F"),
+        calm=np.zeros(shape, dtype=np.int64, order="F"),
+        mean=np.zeros(shape, order="F"),
+        var=np.full(shape, -1.0, order="F"),
+        delay=np.zeros(shape, order="F"),
         active=np.zeros(n_sites, dtype=bool),
         above=np.zeros(n_sites, dtype=np.int64),
         below=np.zeros(n_sites, dtype=np.int64),
@@ -129,36 +136,74 @@ def update(
     wait: np.ndarray,
     delay: np.ndarray,
     step_us: np.ndarray,
+    *,
+    fused: bool | None = None,
 ) -> tuple[PolicyState, StepStats]:
     """One step of estimator and control law. Pure: `state` is not modified. Never raises on
     bad measurements: a rank with a non-finite, negative or absurd value gets its state reset
     and zero delay. Raises ValueError only for shapes that do not match the state.
-    From 256 ranks x sites on, runs the fused Numba loop of `policy_fast` (measured at 4096 x
-    4: ~0.15 ms against ~2 ms for NumPy, 2-core VM); below, the NumPy `update_reference`, which
-    is the same arithmetic and spares small jobs Numba's compile (seconds, once per machine)."""
-    if state.floor.size < FUSED_MIN_ELEMENTS:
+    `fused` (default: from 256 ranks x sites on) runs the Numba kernel of `policy_fast`;
+    otherwise the NumPy `update_reference`, the same arithmetic, which spares small jobs
+    Numba's compile (seconds, once per machine)."""
+    if not (state.floor.size >= FUSED_MIN_ELEMENTS if fused is None else fused):
         return update_reference(params, state, wait, delay, step_us)
-    w, d, step_us = _inputs(state, wait, delay, step_us)
-    (earliness, spread, residual, straggler, transfer, valid, cap, next_delay,
-     floor, calm, mean, var, active, above, below, step_count) = fused_update(
-        *params, state.floor, state.calm, state.mean, state.var, state.active, state.above,
-        state.below, state.step, w, d, step_us)
-    new_state = PolicyState(floor=floor, calm=calm, mean=mean, var=var, delay=next_delay,
-                            active=active, above=above, below=below, step=step_count)
-    stats = StepStats(earliness=earliness, spread=spread, residual=residual,
-                      straggler=straggler, transfer=transfer, valid=valid, cap_us=float(cap),
-                      delay=next_delay, active=active)
-    return new_state, stats
+    new_state = state.copy()
+    return new_state, _update_fused(params, new_state, wait, delay, step_us)
 
 
-def _inputs(state: PolicyState, wait, delay, step_us) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def update_in_place(
+    params: PolicyParams,
+    state: PolicyState,
+    wait: np.ndarray,
+    delay: np.ndarray,
+    step_us: np.ndarray,
+) -> StepStats:
+    """`update` that overwrites `state` instead of copying it: what the host backend and the
+    simulator call every step, so that large jobs pay no copies."""
+    if state.floor.size >= FUSED_MIN_ELEMENTS:
+        return _update_fused(params, state, wait, delay, step_us)
+    new_state, stats = update_reference(params, state, wait, delay, step_us)
+    for f in fields(PolicyState):
+        setattr(state, f.name, getattr(new_state, f.name))
+    return stats
+
+
+def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us) -> StepStats:
+    n, s = state.shape
+    w, d, step_us = _inputs(state, wait, delay, step_us, copy=False)
+    # The kernel runs site-major on [S, N]: transposes of Fortran-ordered [N, S] arrays (no copy
+    # once the state is in that order, as `init_state` makes it).
+    for name in ("floor", "calm", "mean", "var"):
+        setattr(state, name, np.asfortranarray(getattr(state, name)))
+    earliness, next_delay = np.empty((n, s), order="F"), np.empty((n, s), order="F")
+    valid = np.empty(n, dtype=bool)
+    spread, residual, transfer = np.empty(s), np.empty(s), np.empty(s)
+    straggler = np.empty(s, dtype=np.int64)
+    cap, state.step = fused_update(
+        *params, state.floor.T, state.calm.T, state.mean.T, state.var.T, state.active,
+        state.above, state.below, state.step, w, d,
+        step_us, earliness.T, next_delay.T, valid, spread, residual, straggler, transfer,
+        np.empty(n))
+    state.delay = next_delay
+    return StepStats(earliness=earliness, spread=spread, residual=residual, straggler=straggler,
+                     transfer=transfer, valid=valid, cap_us=float(cap), delay=next_delay,
+                     active=state.active.copy())
+
+
+def _inputs(state: PolicyState, wait, delay, step_us,
+            copy: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[N, S] wait and delay and [N] step times as float64; C-contiguous copies for NumPy,
+    or views where possible for the fused kernel, which copies what it reads."""
     n, s = state.shape
     if np.size(wait) != n * s or np.size(delay) != n * s or np.size(step_us) != n:
         raise ValueError(
             f"expected wait and delay of {n}x{s} and step_us of {n}, got sizes "
             f"{np.size(wait)}, {np.size(delay)}, {np.size(step_us)}"
         )
-    as2d = lambda a: np.ascontiguousarray(a, dtype=np.float64).reshape(n, s)  # noqa: E731
+    def as2d(a):
+        a = np.asarray(a, dtype=np.float64).reshape(n, s)
+        return np.ascontiguousarray(a) if copy else a
+
     return as2d(wait), as2d(delay), np.ascontiguousarray(step_us, dtype=np.float64).reshape(n)
 
 

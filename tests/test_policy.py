@@ -10,14 +10,13 @@ from gpupace import PaceConfig
 from gpupace.policy import (
     Controller,
     PolicyParams,
-    PolicyState,
-    StepStats,
     init_state,
     oracle_delays,
     update,
+    update_in_place,
     update_reference,
 )
-from gpupace.policy_fast import fused_update
+from gpupace.policy_fast import median
 
 PACE = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, off_steps=3, holdoff_factor=0.0,
                   threshold_us=100.0, release_us=50.0)
@@ -212,17 +211,6 @@ def test_oracle():
     np.testing.assert_allclose(oracle_delays(a, cap_us=500.0), [500.0, 500.0, 0.0])
 
 
-def fused(params, state, w, d, step_us):
-    (earliness, spread, residual, straggler, transfer, valid, cap, delay, floor, calm, mean, var,
-     active, above, below, step) = fused_update(*params, state.floor, state.calm, state.mean,
-                                                state.var, state.active, state.above,
-                                                state.below, state.step, w, d, step_us)
-    stats = StepStats(earliness=earliness, spread=spread, residual=residual,
-                      straggler=straggler, transfer=transfer, valid=valid, cap_us=cap,
-                      delay=delay, active=active)
-    return PolicyState(floor, calm, mean, var, delay, active, above, below, step), stats
-
-
 def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
     rng = np.random.default_rng(0)
     params = PolicyParams.from_config(PACE, 128)
@@ -250,7 +238,7 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
         w = data.draw(arrays(np.float64, (n, s), elements=any_us))
         d = data.draw(arrays(np.float64, (n, s), elements=st.one_of(st.just(0.0), finite_us)))
         step = data.draw(arrays(np.float64, n, elements=st.one_of(finite_us, st.just(np.nan))))
-        fast, a = fused(params, fast, w, d, step)
+        fast, a = update(params, fast, w, d, step, fused=True)
         ref, b = update_reference(params, ref, w, d, step)
         for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
                      "delay", "active"):
@@ -260,3 +248,35 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
         for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
             np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
                                        err_msg=name)
+
+
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 1000, 4096, 4097])
+def test_fused_median_is_numpys(n):
+    """`policy_fast.median` takes a histogram path from 64 values on; it must stay exact."""
+    rng = np.random.default_rng(n)
+    for x in (rng.normal(2e4, 500, n), np.full(n, 7.0), rng.exponential(1.0, n) ** 6,
+              rng.integers(0, 3, n).astype(float), np.r_[rng.normal(2e4, 5, n - 1), 1e8]):
+        assert median(x) == np.median(x)
+
+
+def test_update_in_place_matches_update_with_broken_ranks():
+    """Large enough for the fused kernel, with NaN, negative and absurd rows among them."""
+    rng = np.random.default_rng(3)
+    n, s = 300, 3
+    params = PolicyParams.from_config(PACE, n)
+    pure, mine = init_state(n, s), init_state(n, s)
+    for step in range(40):
+        w = 200.0 + rng.exponential(500.0, (n, s))
+        w[rng.integers(0, n, 3), rng.integers(0, s, 3)] = [np.nan, -5.0, 2e9]
+        d = np.where(pure.delay > 0, pure.delay, 0.0)
+        steps = rng.normal(2e4, 300, n)
+        steps[step % n] = np.nan
+        pure, a = update(params, pure, w, d, steps)
+        b = update_in_place(params, mine, w, d, steps)
+        for name in ("earliness", "spread", "delay", "valid", "straggler", "active"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        for name in ("floor", "calm", "mean", "var"):
+            np.testing.assert_array_equal(getattr(pure, name), getattr(mine, name), err_msg=name)
+    assert mine.step == 40 and (mine.delay > 0).any()
+    _, c = update_reference(params, mine.copy(), w, d, steps)
+    np.testing.assert_allclose(c.delay, update(params, mine, w, d, steps)[1].delay, rtol=1e-12)

@@ -121,7 +121,7 @@ class HostEngine:
             self.state = policy.init_state(self.world_size, n)  # new site layout: start afresh
         m = self.max_sites
         w, d, steps = rows[:, 2:2 + n], rows[:, 2 + m:2 + m + n], rows[:, 1]
-        self.state, stats = policy.update(self.params, self.state, w, d, steps)
+        stats = policy.update_in_place(self.params, self.state, w, d, steps)
         self._next_delay[:] = 0.0
         self._next_delay[:n] = stats.delay[self.rank]
         return make_record(step, time_s, stats, w, d, steps, self.rank)

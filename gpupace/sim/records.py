@@ -66,7 +66,7 @@ def to_records(result: SimResult) -> Iterator[StepRecord]:
     for k in range(result.steps):
         w, d = result.site_wait_us[k], result.site_delay_us[k]
         steps = np.full(n, result.step_us[k])
-        state, stats = pol.update(params, state, w, d, steps)
+        stats = pol.update_in_place(params, state, w, d, steps)
         stats.active = result.active[k].copy()
         yield make_record(k, float(time_s[k]), stats, w, d, steps, 0)
 

@@ -167,7 +167,7 @@ def simulate(
                 site_d[k] = d
             if policy == "gpupace":
                 tq = time.perf_counter()
-                state, stats = pol.update(params, state, w, d, np.full(n, step_us))
+                stats = pol.update_in_place(params, state, w, d, np.full(n, step_us))
                 t_policy += time.perf_counter() - tq
                 out_active[k] = stats.active
             k += 1
