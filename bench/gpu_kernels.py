@@ -66,10 +66,12 @@ def bench_stamp(h: Harness) -> None:
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
     out = torch.zeros(64, dtype=torch.int64, device=dev)
     delay = torch.zeros(m, dtype=torch.float32, device=dev)  # zero delay: the fused kernel's floor
+    usual = torch.full((m,), float("nan"), dtype=torch.float32, device=dev)
     enter_kw = _kw(spin.enter, delay_offset=0, cap_us=50_000.0)
     kernels = {
         "stamp": lambda: stamp.stamp(out, 0, clk),
-        "enter (arrive+spin(0)+enter)": lambda: spin.enter(delay, row, stamps, clk, 0, **enter_kw),
+        "enter (arrive+spin(0)+enter)": lambda: spin.enter(delay, usual, row, stamps, clk, 0,
+                                                           **enter_kw),
         "exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, 0),
     }
     inner, reps = (20, 20) if h.quick else (50, 100)

@@ -14,6 +14,7 @@ Raw timestamps are never compared across ranks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from statistics import NormalDist
 from typing import NamedTuple
@@ -25,6 +26,9 @@ from .policy_fast import ABSURD_US, fused_update
 
 MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
 FUSED_MIN_ELEMENTS = 256
+# Rate of each rank's running mean arrival per site, the deadline `deadline_delay` measures
+# lateness against: ~20 steps of memory, quick to follow a drift, slow to follow one spike.
+ARRIVAL_RATE = 0.05
 
 
 class PolicyParams(NamedTuple):
@@ -317,6 +321,23 @@ class Controller:
     def update(self, wait: np.ndarray, delay: np.ndarray, step_us: np.ndarray) -> StepStats:
         self.state, stats = update(self.params, self.state, wait, delay, step_us)
         return stats
+
+
+def deadline_delay(planned_us, arrival_us, usual_us, rate):
+    """Applies a planned delay as a deadline: shortened by how much later than usual the rank
+    arrived, never lengthened. The policy plans d from past steps; a rank whose own compute ran
+    late this step (a spike) would otherwise enter d after a late arrival and become the
+    straggler that pacing was meant to avoid. `arrival_us` is the rank's arrival on its own
+    clock since it left the same site one step before (NaN when unknown: all ranks leave a
+    site together, so that exit is a common reference), `usual_us` its running mean (NaN
+    before the first sample), updated at `rate`. Returns (delay to apply, new running mean).
+    Plain Python on scalars: the host backend calls it per site, the simulator compiles it."""
+    if math.isnan(arrival_us):  # unknown arrival: the plan as it is
+        return max(planned_us, 0.0), usual_us
+    if math.isnan(usual_us):  # first sample
+        return max(planned_us, 0.0), arrival_us
+    late = arrival_us - usual_us
+    return max(0.0, planned_us - max(late, 0.0)), usual_us + rate * late
 
 
 def oracle_delays(arrival_us: np.ndarray, guard_us: float = 0.0, cap_us: float = np.inf) -> np.ndarray:

@@ -66,6 +66,7 @@ class VirtualCluster:
         self.scratch_row = torch.zeros(2 + 2 * m, dtype=f32, device=dev)
         self.stamps = torch.zeros(n, m, 3, dtype=i64, device=dev)
         self.clk = torch.zeros(n, 2, dtype=i64, device=dev)
+        self.usual = torch.full((n, m), float("nan"), dtype=torch.float32, device=dev)
         self.count = torch.zeros(m, dtype=i32, device=dev)
         self.flag = torch.zeros(1, dtype=i32, device=dev)
         self.applied = torch.zeros(n, dtype=f32, device=dev)
@@ -116,8 +117,9 @@ class VirtualCluster:
                 k["spin"].spin(skew_us[i:i + 1], self.applied[i:i + 1], self.reads[i:i + 1],
                                self.clk[i], cap_us=1e6)
                 for site in range(self.n_sites):
-                    k["spin"].enter(self.state["delay"], self.gathered[i], self.stamps[i],
-                                    self.clk[i], site, delay_offset=i * m, cap_us=cap)
+                    k["spin"].enter(self.state["delay"], self.usual[i], self.gathered[i],
+                                    self.stamps[i], self.clk[i], site, delay_offset=i * m,
+                                    cap_us=cap)
                     k["barrier"].barrier(self.count[site:site + 1], n * (self.steps + 1),
                                          self.flag, self.clk[i], ctas=self.ctas,
                                          timeout_us=self.timeout_us)

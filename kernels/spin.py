@@ -13,6 +13,8 @@ Buffers, shared with `stamp.py` and the device engine:
   stamps  int64 [M, 3]: arrive, enter, exit of each site, device clock (ns)
   clk     int64 [2]: exit of site 0 at the previous step (0: none), the virtual clock
           (clock-free path only)
+  usual   float32 [M]: each site's running mean arrival since the site's exit one step
+          before (us; NaN: none yet), against which a planned delay is applied as a deadline
 Spin precision targets (error p99 <= timer tick + 1 us on an H200): not yet measured on a GPU.
 """
 
@@ -21,6 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from gpupace.policy import ARRIVAL_RATE
 
 from .clock import now, stamp_now, use_clock
 
@@ -64,13 +68,22 @@ def _spin_kernel(delay_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads, 
 
 
 @triton.jit(do_not_specialize=["site", "delay_offset"])
-def _enter_kernel(delay_ptr, row_ptr, stamps_ptr, clk_ptr, site, delay_offset, n_max_sites, cap_us,
-                  max_reads, fake_tick, USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr,
-                  HARD_READS: tl.constexpr):
-    # arrive stamp -> spin(delay[site]) -> enter stamp, and the applied delay into the row.
+def _enter_kernel(delay_ptr, usual_ptr, row_ptr, stamps_ptr, clk_ptr, site, delay_offset,
+                  n_max_sites, cap_us, rate, max_reads, fake_tick, USE_CLOCK: tl.constexpr,
+                  HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr):
+    # arrive stamp -> spin(delay[site], as a deadline) -> enter stamp, applied delay into the row.
     t0 = stamp_now(clk_ptr, USE_CLOCK)
-    t, i = spin_for(tl.load(delay_ptr + delay_offset + site), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
-                    HARD_CAP, HARD_READS)
+    # The deadline rule of gpupace.policy.deadline_delay: the planned delay less how much
+    # later than usual this rank arrived, timed from its exit of this site one step before.
+    ref = tl.load(stamps_ptr + 3 * site + 2)
+    usual = tl.load(usual_ptr + site)
+    arrival = (t0 - ref).to(tl.float32) * 0.001
+    known = ref != 0
+    seen = usual == usual  # NaN until the first sample
+    late = tl.where(known & seen, arrival - usual, 0.0)
+    delay = tl.load(delay_ptr + delay_offset + site) - tl.maximum(late, 0.0)
+    tl.store(usual_ptr + site, tl.where(known, tl.where(seen, usual + rate * late, arrival), usual))
+    t, i = spin_for(delay, cap_us, max_reads, t0, fake_tick, USE_CLOCK, HARD_CAP, HARD_READS)
     tl.store(stamps_ptr + 3 * site, t0)
     tl.store(stamps_ptr + 3 * site + 1, t)
     tl.store(row_ptr + 2 + n_max_sites + site, ((t - t0).to(tl.float32)) * 0.001)
@@ -96,13 +109,18 @@ def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: t
                        num_warps=1)
 
 
-def enter(delay: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor,
-          site: int, *, delay_offset: int = 0, cap_us: float, max_reads: int | None = None, clock: bool | None = None,
+def enter(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor,
+          clk: torch.Tensor, site: int, *, delay_offset: int = 0, cap_us: float,
+          rate: float = ARRIVAL_RATE, max_reads: int | None = None, clock: bool | None = None,
           fake_tick: int = 1000) -> None:
     """The fused pre-collective kernel of site `site`: stamps arrival, spins for
     `delay.flat[delay_offset + site]` (float32 us; the engine passes the whole delay matrix and
-    its rank's offset, so the pointer's alignment, which Triton specialises on, never changes),
-    stamps entry and writes the applied delay into `row`. See the module docstring for the buffers."""
+    its rank's offset, so the pointer's alignment, which Triton specialises on, never changes)
+    applied as a deadline against `usual[site]` (float32 [M], NaN at first: the running mean
+    arrival since the site's exit one step before, updated at `rate`), stamps entry and writes the
+    applied delay into `row`. See the module docstring for the buffers."""
+    if usual.numel() != stamps.shape[0]:
+        raise ValueError(f"usual must hold one value per site ({stamps.shape[0]}), got {usual.numel()}")
     m = stamps.shape[0]
     if not 0 <= site < m:
         raise ValueError(f"site must be in [0, {m}), got {site}")
@@ -110,6 +128,6 @@ def enter(delay: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor, clk: tor
     if not 0 <= delay_offset + site < delay.numel():
         raise ValueError(f"delay_offset + site must index delay ({delay.numel()}), got "
                          f"{delay_offset} + {site}")
-    _enter_kernel[(1,)](delay, row, stamps, clk, int(site), int(delay_offset), m, float(cap_us), n, int(fake_tick),
-                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US,
-                        HARD_READS=HARD_MAX_READS, num_warps=1)
+    _enter_kernel[(1,)](delay, usual, row, stamps, clk, int(site), int(delay_offset), m,
+                        float(cap_us), float(rate), n, int(fake_tick), USE_CLOCK=use_clock(clock),
+                        HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS, num_warps=1)

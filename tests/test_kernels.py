@@ -87,11 +87,12 @@ def test_max_reads_bound_covers_the_cap(k):
 @pytest.mark.parametrize("m", [1, 3, 7])
 def test_enter_and_exit_bookkeeping(k, m):
     row, stamps, clk = buffers(m)
+    usual = torch.full((m,), float("nan"))
     delay = torch.zeros(3, m)  # three ranks; this rank is 1
     delay[1] = torch.arange(m, dtype=torch.float32) * 2.0 + 1.0  # 1, 3, 5 ... us
     t = 1_000_000
     for site in range(m):
-        k["spin"].enter(delay, row, stamps, clk, site, delay_offset=m, cap_us=100.0)
+        k["spin"].enter(delay, usual, row, stamps, clk, site, delay_offset=m, cap_us=100.0)
         d_ns = int(delay[1, site] * 1000)
         assert stamps[site, 0] == t and stamps[site, 1] == t + d_ns
         assert row[2 + m + site] == pytest.approx(delay[1, site].item())
@@ -105,16 +106,39 @@ def test_enter_and_exit_bookkeeping(k, m):
     first_exit = int(stamps[0, 2])
     assert clk[0] == first_exit
     clk[1] = first_exit + 3_000_000  # next step: site 0 exits 3 ms after the last time
-    k["spin"].enter(torch.zeros(3, m), row, stamps, clk, 0, delay_offset=m, cap_us=100.0)
+    k["spin"].enter(torch.zeros(3, m), usual, row, stamps, clk, 0, delay_offset=m, cap_us=100.0)
     k["stamp"].exit_stamp(row, stamps, clk, 0)
     assert row[1] == pytest.approx(3000.0)
     assert row[0] == 1
+    assert float(usual[0]) == pytest.approx(3000.0, rel=1e-6)  # the first known arrival
+    assert usual[1:].isnan().all()
+
+
+def test_enter_applies_the_delay_as_a_deadline_like_the_policy(k):
+    """A rank that arrives later than usual spins that much less (gpupace.policy.deadline_delay),
+    and never more than planned; the running mean of its arrivals follows."""
+    row, stamps, clk = buffers(1)
+    usual = torch.full((1,), float("nan"))
+    delay = torch.tensor([400.0])
+    ref, mean = None, math.nan
+    for step, arrival_us in enumerate([1000.0, 1000.0, 1100.0, 1300.0, 900.0, 1600.0]):
+        clk[1] = (ref or 5_000_000) + int(arrival_us * 1000)
+        t0 = int(clk[1])
+        k["spin"].enter(delay, usual, row, stamps, clk, 0, cap_us=1000.0, rate=0.25)
+        want, mean = policy.deadline_delay(400.0, arrival_us if ref else math.nan, mean, 0.25)
+        assert row[2 + 1] == pytest.approx(want, abs=1e-3), step
+        assert float(usual[0]) == pytest.approx(mean, rel=1e-6, nan_ok=True), step
+        assert stamps[0, 1] - t0 == round(want * 1000)
+        clk[1] = int(clk[1]) + 50_000
+        k["stamp"].exit_stamp(row, stamps, clk, 0)
+        ref = int(clk[0])
+    assert mean == pytest.approx(1100.0, abs=200)  # it followed the arrivals
 
 
 def test_launchers_reject_bad_sites(k):
     row, stamps, clk = buffers(2)
     with pytest.raises(ValueError, match="site"):
-        k["spin"].enter(torch.zeros(2), row, stamps, clk, 2, cap_us=1.0)
+        k["spin"].enter(torch.zeros(2), torch.zeros(2), row, stamps, clk, 2, cap_us=1.0)
     with pytest.raises(ValueError, match="site"):
         k["stamp"].exit_stamp(row, stamps, clk, -1)
     with pytest.raises(ValueError, match="slot"):

@@ -1,5 +1,7 @@
 """Properties of the NumPy policy: bounds, who is delayed, hysteresis, robustness."""
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,6 +12,7 @@ from gpupace import PaceConfig
 from gpupace.policy import (
     Controller,
     PolicyParams,
+    deadline_delay,
     init_state,
     oracle_delays,
     update,
@@ -280,3 +283,31 @@ def test_update_in_place_matches_update_with_broken_ranks():
     assert mine.step == 40 and (mine.delay > 0).any()
     _, c = update_reference(params, mine.copy(), w, d, steps)
     np.testing.assert_allclose(c.delay, update(params, mine, w, d, steps)[1].delay, rtol=1e-12)
+
+
+def test_deadline_delay_shortens_by_lateness_and_never_lengthens():
+    nan = float("nan")
+    assert deadline_delay(300.0, nan, 7.0, 0.1) == (300.0, 7.0)  # arrival unknown: the plan
+    assert deadline_delay(300.0, 1000.0, nan, 0.1) == (300.0, 1000.0)  # first sample
+    assert deadline_delay(300.0, 1100.0, 1000.0, 0.1) == (200.0, 1010.0)  # 100 us late
+    assert deadline_delay(300.0, 900.0, 1000.0, 0.1) == (300.0, 990.0)  # early: the plan
+    assert deadline_delay(300.0, 1500.0, 1000.0, 0.1)[0] == 0.0  # later than the plan: none
+    assert deadline_delay(-5.0, 1000.0, 1000.0, 0.1)[0] == 0.0
+
+
+def test_host_engine_applies_its_delay_as_a_deadline():
+    """World size 1, driven by hand: after 40 steps of ~1 ms, a site planned at 30 ms that
+    arrives ~20 ms later than usual spins clearly less than planned (~10-12 ms: the usual
+    arrival still carries some of the first steps' start-up cost). Sleeps are long against
+    this VM's timer noise."""
+    from gpupace.backends.host import HostEngine
+
+    eng = HostEngine(PaceConfig(mode="pace"), None, 0, 1)
+    for step in range(41):
+        time.sleep(0.021 if step == 40 else 0.001)  # the step's compute
+        eng._next_delay[0] = 30_000.0 if step == 40 else 0.0
+        ticket = eng.arrive()
+        applied = eng.delay_us[0]
+        eng.exit(ticket)
+        eng.end_step(step, 0.0)
+    assert 3_000.0 < applied < 18_000.0, applied

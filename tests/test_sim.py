@@ -57,7 +57,7 @@ def test_coupled_presets_oracle_bounds_gpupace_and_gains(name):
     sc = presets.get_preset(name, 2)
     res = {p: simulate(sc, p, steps=800, seed=1) for p in ("none", "gpupace", "oracle")}
     thr = {p: r.summary()["throughput"] for p, r in res.items()}
-    assert thr["oracle"] >= thr["gpupace"], thr
+    assert thr["oracle"] >= thr["gpupace"] >= thr["none"], thr
     assert thr["oracle"] > thr["none"] * 1.001, thr  # the coupling is there to be removed
 
 
@@ -81,13 +81,14 @@ def test_coupled_persistent_stragglers_oracle_ge_gpupace_ge_none():
 
 def test_coupled_noisy_preset_gpupace_costs_nothing_and_stays_below_the_oracle():
     """On `mixed`, noise dominates: nobody is reliably early, so the policy's bound (below the
-    floor and below mean - z sigma) keeps delays small. Measured at 2 nodes, 800 steps: gpupace
-    -0.0003%, oracle +0.23%. The policy must not lose more than 0.01%; it captures none of the
-    oracle's gain here (a known gap, reported in issue 5's note)."""
+    floor and below mean - z sigma) keeps delays small, and a rank that arrives late applies
+    its delay as a deadline (shortened by its lateness), so pacing never makes it the
+    straggler. Measured at 2 nodes, 800 steps, seeds 1-3: gpupace +0.0002..+0.004%, oracle
+    +0.23..+0.28%: it costs nothing but captures almost none of the oracle's gain (issue 5)."""
     sc = presets.mixed(2)
     res = {p: simulate(sc, p, steps=800, seed=1) for p in ("none", "gpupace", "oracle")}
     gain = gain_pct(res["gpupace"], res["none"])
-    assert -0.01 <= gain <= gain_pct(res["oracle"], res["none"])
+    assert 0.0 <= gain <= gain_pct(res["oracle"], res["none"])
 
 
 def test_oracle_delays_every_rank_to_the_last_arrival():
@@ -160,7 +161,8 @@ def test_spin_coupling_slows_the_early_rank_by_coupling_times_its_wait():
     xfer = np.array([100.0, 100.0])
     ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
     s, x = np.zeros(nb), np.zeros(nb)
-    engine.run_step(start, fwd, work, xfer, np.zeros((n, nb)), 0.0, kc, ready, a, e, s, x, w, d)
+    engine.run_step(start, fwd, work, xfer, np.zeros((n, nb)), 0.0, kc, ready, a, e, s, x, w, d,
+                    np.full((n, nb), np.nan), np.full(nb, np.nan), 0.05)
     assert x[0] == 6100.0  # last arrival 6000 + transfer
     # rank 0: bucket 1 from 5000; 1100 us in the collective at 0.8 speed, then full speed
     assert ready[0, 1] == pytest.approx(5000 + 1100 + (5000 - 1100 * 0.8))

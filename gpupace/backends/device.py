@@ -79,6 +79,7 @@ class DeviceEngine:
         self.gathered = torch.zeros(n, r, dtype=f32, **z)
         self.stamps = torch.zeros(m, 3, dtype=i64, **z)
         self.clk = torch.zeros(2, dtype=i64, **z)
+        self.usual = torch.full((m,), float("nan"), dtype=f32, **z)  # arrivals, for the deadline
         self.red = {"valid": torch.zeros(n, dtype=i32, **z), "n_valid": torch.zeros(1, dtype=i32, **z),
                     "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, **z),
                     "straggler": torch.zeros(m, dtype=i32, **z),
@@ -146,8 +147,8 @@ class DeviceEngine:
         if k < self.max_sites:
             if self._timed and not capturing:
                 self._step_events.append([self._event(), None])
-            self._k_spin.enter(self.state["delay"], self.row, self.stamps, self.clk, k,
-                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us,
+            self._k_spin.enter(self.state["delay"], self.usual, self.row, self.stamps, self.clk,
+                               k, delay_offset=self.rank * self.max_sites, cap_us=self.cap_us,
                                max_reads=self._max_reads)
         return self.generation, k
 
@@ -308,6 +309,7 @@ class DeviceEngine:
         scratch.__dict__.update(self.__dict__)
         scratch.row, scratch.gathered = self.row.clone(), self.gathered.clone()
         scratch.stamps, scratch.clk = self.stamps.clone(), self.clk.clone()
+        scratch.usual = self.usual.clone()
         scratch.red = {k: v.clone() for k, v in self.red.items()}
         scratch.state = {k: v.clone() for k, v in self.state.items()}
         scratch.ring, scratch.ring_step = self.ring.clone(), self.ring_step.clone()
@@ -315,7 +317,7 @@ class DeviceEngine:
         zero = torch.zeros_like(self.state["delay"])
         scratch.state["delay"] = zero  # no spin during warm-up
         for k in (0, 1 % self.max_sites):  # two sites: the site index is not specialised on
-            self._k_spin.enter(zero, scratch.row, scratch.stamps, scratch.clk, k,
+            self._k_spin.enter(zero, scratch.usual, scratch.row, scratch.stamps, scratch.clk, k,
                                delay_offset=self.rank * self.max_sites, cap_us=self.cap_us)
             self._k_stamp.exit_stamp(scratch.row, scratch.stamps, scratch.clk, k)
         scratch._exchange()

@@ -9,6 +9,7 @@ stamps across ranks.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 
@@ -44,6 +45,8 @@ class HostEngine:
     A site's row entry: w = exit - entry and d = the delay really applied, in us; plus the
     step time, the exit-to-exit interval of site 0. Row layout (float64, fixed size so that
     every rank's all_gather matches): [n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1}].
+    A planned delay is applied as a deadline (`policy.deadline_delay`), against the site's
+    usual arrival time since the rank left the same site one step before.
     """
 
     name = "host"
@@ -57,6 +60,8 @@ class HostEngine:
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.state: policy.PolicyState | None = None
         self._next_delay = np.zeros(self.max_sites)
+        self._usual = np.full(self.max_sites, np.nan)  # mean arrival per site since its last exit
+        self._last_exit_ns = np.zeros(self.max_sites, dtype=np.int64)  # 0: none yet
         self._new_step()
         self._prev_exit0: int | None = None
         self._warned_disagree = False
@@ -78,7 +83,11 @@ class HostEngine:
         k = self.n_sites
         self.n_sites += 1
         if k < self.max_sites:
-            self.delay_us[k] = sleep_then_spin(float(self._next_delay[k]))
+            last_exit = self._last_exit_ns[k]  # this site's, one step before
+            arrival = (time.perf_counter_ns() - last_exit) * 1e-3 if last_exit else math.nan
+            delay, self._usual[k] = policy.deadline_delay(
+                float(self._next_delay[k]), arrival, float(self._usual[k]), policy.ARRIVAL_RATE)
+            self.delay_us[k] = sleep_then_spin(delay)
             self._entry_ns[k] = time.perf_counter_ns()
         return self.generation, k
 
@@ -89,6 +98,7 @@ class HostEngine:
             return
         if k < self.max_sites:
             self.wait_us[k] = (now - self._entry_ns[k]) * 1e-3
+            self._last_exit_ns[k] = now
         if k == 0:
             self._exit0 = now
 
@@ -119,6 +129,8 @@ class HostEngine:
             return None
         if self.state is None or self.state.shape != (self.world_size, n):
             self.state = policy.init_state(self.world_size, n)  # new site layout: start afresh
+            self._usual[:] = np.nan
+            self._last_exit_ns[:] = 0
         m = self.max_sites
         w, d, steps = rows[:, 2:2 + n], rows[:, 2 + m:2 + m + n], rows[:, 1]
         stats = policy.update_in_place(self.params, self.state, w, d, steps)

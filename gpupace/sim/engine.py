@@ -16,6 +16,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from .. import policy
+
+deadline_delay = njit(cache=True, inline="always")(policy.deadline_delay)
+
 
 @njit(cache=True, inline="always")
 def _finish_time(t0, work, b, a, e, s, x, kp, kc):
@@ -77,11 +81,19 @@ def finish_bucket(b, delay_b, xfer_b, a, e, s, x, w, d):
 
 
 @njit(cache=True)
-def run_step(start, fwd, work, xfer, delay, kp, kc, ready, a, e, s, x, w, d):
-    """One whole step with delays known in advance (policies `none` and `gpupace`)."""
+def run_step(start, fwd, work, xfer, delay, kp, kc, ready, a, e, s, x, w, d, expect, ref, rate):
+    """One whole step with delays planned in advance (policies `none` and `gpupace`), applied
+    as a pacer applies them (`gpupace.policy.deadline_delay`): shortened by how much later
+    than usual the rank arrived, its arrival at bucket b measured from the bucket's exit one
+    step before, `ref[b]` us before this step's origin (NaN on the first step). `expect`
+    [N, B] holds each rank's usual arrival and is updated here."""
+    applied = np.empty(work.shape[0])
     for b in range(work.shape[1]):
         arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e)
-        finish_bucket(b, delay[:, b], xfer[b], a, e, s, x, w, d)
+        for i in range(work.shape[0]):
+            applied[i], expect[i, b] = deadline_delay(delay[i, b], a[i, b] + ref[b],
+                                                      expect[i, b], rate)
+        finish_bucket(b, applied, xfer[b], a, e, s, x, w, d)
 
 
 @njit(cache=True)
@@ -174,7 +186,8 @@ def warmup() -> float:
     z = np.zeros((n, nb))
     v = np.zeros(nb)
     run_step(np.zeros(n), np.ones(n), np.ones((n, nb)), v.copy(), z.copy(), 0.0, 0.1,
-             z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())
+             z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy(),
+             np.full((n, nb), np.nan), np.zeros(nb), 0.05)
     z2 = np.zeros(nb)
     oracle_advance(1, v.copy(), 1.0, np.zeros(n), np.ones(n), np.ones((n, nb)), 0.0, 0.1,
                    z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())

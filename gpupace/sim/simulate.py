@@ -126,6 +126,8 @@ def simulate(
     s, x = np.zeros(nb), np.zeros(nb)
     zeros = np.zeros((n, nb))
     early, delay_sum = np.zeros(n), np.zeros(n)
+    expect = np.full((n, nb), np.nan)  # the deadline's usual arrivals (see engine.run_step)
+    last_exit = np.full(nb, np.nan)
     out_step = np.full(steps, np.nan)
     out_spread = np.zeros((steps, nb))
     out_active = np.zeros((steps, nb), dtype=bool)
@@ -153,7 +155,9 @@ def simulate(
             else:
                 delay = state.delay if policy == "gpupace" else zeros
                 engine.run_step(ch.opt[j], ch.fwd[j], ch.work[j], ch.xfer[j], delay, kp, kc,
-                                ready, a, e, s, x, w, d)
+                                ready, a, e, s, x, w, d, expect, origin - last_exit,
+                                pol.ARRIVAL_RATE)
+                last_exit[:] = origin + x
             x0 = origin + x[0]
             step_us = x0 - prev_x0
             out_step[k] = step_us

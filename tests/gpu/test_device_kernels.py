@@ -168,7 +168,8 @@ def test_enter_exit_on_device():
     clk = torch.zeros(2, dtype=torch.int64, device="cuda")
     delay = torch.tensor([[0.0, 0.0, 0.0], [20.0, 0.0, 40.0]], device="cuda")
     for site in range(m):
-        spin.enter(delay, row, stamps, clk, site, delay_offset=m, cap_us=100.0)
+        spin.enter(delay, torch.full((m,), float("nan"), device="cuda"), row, stamps, clk, site,
+                   delay_offset=m, cap_us=100.0)
         stamp.exit_stamp(row, stamps, clk, site)
     s, r = stamps.cpu().numpy(), row.cpu().numpy()
     assert (s[:, 1] >= s[:, 0]).all() and (s[:, 2] >= s[:, 1]).all()
