@@ -5,10 +5,12 @@ calls. Tests hold it equal to the reference on random inputs.
 Layout: the kernel works site-major, on [S, N] C-contiguous matrices, which are the [N, S]
 Fortran-ordered arrays of `PolicyState` seen transposed. Each site's loop over ranks is then
 a contiguous stream of selects rather than branches; the state is updated in place. On the
-2-core VM at 4096 ranks x 4 sites this took the kernel from ~350 to ~150 us per update in a
-warm loop (interleaved A/B on the same inputs): ~15 us the call, ~45 the first pass, ~45 the
-state pass, ~20 the median of the step times. bench/cpu_policy, which interleaves it with the
-NumPy reference (cold caches), measures ~245 us p50: still over the 100 us target.
+2-core VM at 4096 ranks x 4 sites this took the kernel from ~350 to ~140 us per update in a
+warm loop (interleaved A/B on the same inputs): ~15 us the call, ~45 the first pass, ~40 the
+state pass, ~20 the median of the step times. With the caches cold (16 MB touched between
+calls, as a training step would) it takes ~290 us: one update streams ~1 MB of float64 state,
+inputs and outputs, which alone is ~100 us at this VM's bandwidth. bench/cpu_policy (which
+interleaves it with the NumPy reference) measures 245-280 us p50: over the 100 us target.
 """
 
 from __future__ import annotations
@@ -100,8 +102,7 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
     cap = min(max_delay_us, cap_fraction * median(step_us_known[:m])) if m else 0.0
     pacing = learning and mode == MODE_PACE
 
-    delay[:, :] = 0.0
-    earliness[:, :] = 0.0
+    # Each element of earliness and delay is written once, in one of the three branches.
     total = np.zeros(n)  # each rank's delays over all sites
     if learning:
         # Per site, ranks contiguous and branch-free: earliness, calm, floor, mean, variance
@@ -125,18 +126,21 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
                 m = e if fresh else m + floor_rise * diff
                 v = keep * ((0.0 if fresh else v) + floor_rise * diff * diff)
                 floor[k, i], calm[k, i], mean[k, i], var[k, i] = f, c, m, v
+                x = 0.0
                 if pace_site:
                     b = m - safety_z * np.sqrt(v)
                     x = gain * (f if f < b else b) - guard_us
                     x = x if x > 0.0 else 0.0
                     x = x if x < cap else cap
                     x = 0.0 if i == last else x
-                    delay[k, i] = x
                     total[i] += x
-    elif n_valid >= 2:
+                delay[k, i] = x
+    else:
         for k in range(s):
+            lo = lowest[k]
             for i in range(n):
-                earliness[k, i] = arrival[k, i] - lowest[k]
+                earliness[k, i] = arrival[k, i] - lo if n_valid >= 2 else 0.0
+                delay[k, i] = 0.0
     if n_valid < n:
         for i in range(n):
             if not valid[i]:
