@@ -1,6 +1,6 @@
-"""Cost of one policy update (`gpupace.policy.update_in_place`, which every rank runs once per
-step on the gathered matrix, the pure `update` and the NumPy twin `update_reference`) for world
-sizes 8 to 4096 and 1 to 16 sites.
+"""Cost of one policy update for world sizes 8 to 4096 and 1 to 16 sites: what a pacer runs
+once per step on the gathered matrix (`gpupace.policy.update_in_place` for its own rank), the
+simulator's every-rank update, the pure `update` and the NumPy twin `update_reference`.
 
 Inputs look like a paced job: waits of a few hundred us with a few late ranks, so the spread
 stays above the threshold and the full path runs (floors, hysteresis on, clamps, the per-rank
@@ -26,30 +26,38 @@ SITES_FULL = [1, 2, 4, 8, 16]
 TARGET_US = 100.0
 
 
+# What each timed implementation calls.
+CALLS = {
+    "own_rank": "gpupace.policy.update_in_place(..., rank=0): the host backend, one pacer",
+    "all_ranks": "gpupace.policy.update_in_place(...): the simulator, every rank's state",
+    "update": "gpupace.policy.update(...): pure, one copy of the state more",
+    "update_reference": "gpupace.policy.update_reference(...): the NumPy reference",
+}
+
+
 def implementations() -> dict[str, Callable]:
-    """The update functions to time, each called as `fn(params, state, w, d, steps)` and
-    returning the state to carry, keyed by the `gpupace.policy` function they call:
-    `update_in_place` (what the host backend and the simulator call every step), the pure
-    `update` (one copy of the state more) and its NumPy twin `update_reference`."""
+    """The update functions to time (see CALLS), each called as `fn(params, state, w, d,
+    steps)` and returning the state to carry."""
     from gpupace import policy
 
-    def in_place(params, state, w, d, steps):
-        policy.update_in_place(params, state, w, d, steps)
-        return state
+    def in_place(rank):
+        def fn(params, state, w, d, steps):
+            policy.update_in_place(params, state, w, d, steps, rank=rank)
+            return state
+        return fn
 
-    return {"update_in_place": in_place,
+    return {"own_rank": in_place(0), "all_ranks": in_place(None),
             "update": lambda *a: policy.update(*a)[0],
             "update_reference": lambda *a: policy.update_reference(*a)[0]}
 
 
 def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = None):
-    """Returns `step()`, one policy update (`fn` from `implementations()`, default the in-place
-    one) on fresh inputs
-    with the state carried over, and the box holding the state; inputs are drawn up front so
+    """Returns `step()`, one policy update (`fn` from `implementations()`, default the host
+    backend's) on fresh inputs with the state carried over, and the box holding the state; inputs are drawn up front so
     the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
     from gpupace import PaceConfig, policy
 
-    fn = implementations()["update_in_place"] if fn is None else fn
+    fn = implementations()["own_rank"] if fn is None else fn
     rng = np.random.default_rng(seed)
     params = policy.PolicyParams.from_config(PaceConfig(mode="pace"), n_ranks)
     n_inputs = 64
@@ -88,20 +96,20 @@ def bench_policy(h: Harness) -> None:
                 med[name][s][n] = h.record("policy_update", case, samples[name])["p50"]
                 active[f"{name} {n}x{s}"] = bool(box["state"].active.any())
     h.extras["policy_update"] = {
-        "impls": {k: f"gpupace.policy.{k}" for k in impls},
+        "impls": {k: CALLS[k] for k in impls},
         "p50_us": {f"{k} {n}x{s}": med[k][s][n] for k in impls for s in sites for n in worlds},
         "pacing_active_in_case": active,
     }
     if 4096 in worlds and 4 in sites:
-        v = med["update_in_place"][4][4096]
+        v = med["own_rank"][4][4096]
         c = h.check(
-            "policy update (policy.update_in_place, as the host backend calls it), "
+            "policy update (update_in_place for its own rank, as the host backend calls it), "
             "4096 ranks x 4 sites, p50",
             v,
             TARGET_US,
             "us",
             op="<",
-            detail=h.extras["policy_update"]["impls"]["update_in_place"],
+            detail=CALLS["own_rank"],
         )
         if not c.met:
             h.extras["policy_update_profile_4096x4"] = profile(4096, 4, 50 if h.quick else 300)
@@ -150,7 +158,7 @@ def reduction_layout(h: Harness, n_ranks: int, n_sites: int, reps: int) -> None:
 def _draw(fig, worlds: list[int], sites: list[int], med: dict) -> None:
     ax = fig.add_subplot(1, 1, 1)
     colors = {}
-    for name, style in zip(med, ("-", "--", ":"), strict=False):
+    for name, style in zip(med, ("-", "--", "-.", ":"), strict=False):
         for s in sites:
             (line,) = ax.plot(
                 worlds,

@@ -142,17 +142,21 @@ def update(
     step_us: np.ndarray,
     *,
     fused: bool | None = None,
+    rank: int | None = None,
 ) -> tuple[PolicyState, StepStats]:
     """One step of estimator and control law. Pure: `state` is not modified. Never raises on
     bad measurements: a rank with a non-finite, negative or absurd value gets its state reset
     and zero delay. Raises ValueError only for shapes that do not match the state.
     `fused` (default: from 256 ranks x sites on) runs the Numba kernel of `policy_fast`;
     otherwise the NumPy `update_reference`, the same arithmetic, which spares small jobs
-    Numba's compile (seconds, once per machine)."""
+    Numba's compile (seconds, once per machine). `rank`: update the state and next delays of
+    that rank alone, all a pacer needs of them (the per-site statistics and every rank's
+    earliness are computed in full either way); the other ranks' state rows keep their old
+    values and their delays are 0."""
     if not (state.floor.size >= FUSED_MIN_ELEMENTS if fused is None else fused):
-        return update_reference(params, state, wait, delay, step_us)
+        return update_reference(params, state, wait, delay, step_us, rank=rank)
     new_state = state.copy()
-    return new_state, _update_fused(params, new_state, wait, delay, step_us)
+    return new_state, _update_fused(params, new_state, wait, delay, step_us, rank)
 
 
 def update_in_place(
@@ -161,20 +165,24 @@ def update_in_place(
     wait: np.ndarray,
     delay: np.ndarray,
     step_us: np.ndarray,
+    *,
+    rank: int | None = None,
 ) -> StepStats:
-    """`update` that overwrites `state` instead of copying it: what the host backend and the
-    simulator call every step, so that large jobs pay no copies."""
+    """`update` that overwrites `state` instead of copying it: what the host backend (with its
+    `rank`) and the simulator (every rank) call every step, so that large jobs pay no copies."""
     if state.floor.size >= FUSED_MIN_ELEMENTS:
-        return _update_fused(params, state, wait, delay, step_us)
-    new_state, stats = update_reference(params, state, wait, delay, step_us)
+        return _update_fused(params, state, wait, delay, step_us, rank)
+    new_state, stats = update_reference(params, state, wait, delay, step_us, rank=rank)
     for f in fields(PolicyState):
         setattr(state, f.name, getattr(new_state, f.name))
     return stats
 
 
-def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us) -> StepStats:
+def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us,
+                  rank: int | None) -> StepStats:
     n, s = state.shape
     w, d, step_us = _inputs(state, wait, delay, step_us, copy=False)
+    _check_rank(rank, n)
     # The kernel runs site-major on [S, N]: transposes of Fortran-ordered [N, S] arrays (no copy
     # once the state is in that order, as `init_state` makes it).
     for name in ("floor", "calm", "mean", "var"):
@@ -187,11 +195,16 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
         *params, state.floor.T, state.calm.T, state.mean.T, state.var.T, state.active,
         state.above, state.below, state.step, w, d,
         step_us, earliness.T, next_delay.T, valid, spread, residual, straggler, transfer,
-        np.empty(n))
+        np.empty(n), -1 if rank is None else int(rank))
     state.delay = next_delay
     return StepStats(earliness=earliness, spread=spread, residual=residual, straggler=straggler,
                      transfer=transfer, valid=valid, cap_us=float(cap), delay=next_delay,
                      active=state.active.copy())
+
+
+def _check_rank(rank: int | None, n_ranks: int) -> None:
+    if rank is not None and not (isinstance(rank, (int, np.integer)) and 0 <= rank < n_ranks):
+        raise ValueError(f"rank must be None or an integer in [0, {n_ranks}), got {rank!r}")
 
 
 def _inputs(state: PolicyState, wait, delay, step_us,
@@ -217,10 +230,13 @@ def update_reference(
     wait: np.ndarray,
     delay: np.ndarray,
     step_us: np.ndarray,
+    *,
+    rank: int | None = None,
 ) -> tuple[PolicyState, StepStats]:
     """The reference: `update` written in NumPy, for reading and for tests."""
     n, s = state.shape
     w, d, step_us = _inputs(state, wait, delay, step_us)
+    _check_rank(rank, n)
 
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(w) & np.isfinite(d) & (w >= 0) & (d >= 0) & (w < ABSURD_US) & (d < ABSURD_US)
@@ -292,6 +308,12 @@ def update_reference(
         next_delay[over] *= (cap / row_total[over])[:, None]
     if warming or params.mode != MODE_PACE or n_valid < 2:
         next_delay[:] = 0.0
+    if rank is not None:  # one rank's rows only: the others keep their state, get no delay
+        others = np.arange(n) != rank
+        for new, old in ((floor, state.floor), (calm, state.calm), (mean, state.mean),
+                         (var, state.var)):
+            new[others] = old[others]
+        next_delay[others] = 0.0
 
     new_state = PolicyState(
         floor=floor, calm=calm, mean=mean, var=var, delay=next_delay, active=active, above=above,

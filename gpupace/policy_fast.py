@@ -28,11 +28,13 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
                  max_delay_us, cap_fraction, floor_rise, floor_fall, holdoff_steps, safety_z,
                  warmup_steps, floor, calm, mean, var, active, above, below, step, w, d,
                  step_us, earliness, delay, valid, spread, residual, straggler, transfer,
-                 step_us_known):
+                 step_us_known, only):
     """Updates the state (floor, calm, mean, var [S, N]; active, above, below [S]) in place
     from the measurements (w, d [N, S], any strides; step_us [N]) and fills the outputs
     (earliness, delay [S, N]; valid [N]; spread, residual, straggler, transfer [S]);
-    `step_us_known` [N] is scratch. Returns (cap, step + 1)."""
+    `step_us_known` [N] is scratch. With `only` >= 0, the state and delays of that rank alone
+    (a pacer's own); the other ranks' state rows stay as they were and their delays are 0.
+    Returns (cap, step + 1)."""
     n, s = w.shape
     # Pass 1, per site: a site-major copy of w + d (the rows arrive rank-major), the invalid
     # values per rank, and the per-site extremes of w + d and of w, taken over every rank:
@@ -102,8 +104,15 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
     cap = min(max_delay_us, cap_fraction * median(step_us_known[:m])) if m else 0.0
     pacing = learning and mode == MODE_PACE
 
-    # Each element of earliness and delay is written once, in one of the three branches.
+    # Each element of earliness and delay is written once (twice for `only`'s rank).
     total = np.zeros(n)  # each rank's delays over all sites
+    rank_lo, rank_hi = (0, n) if only < 0 else (only, only + 1)
+    if not learning or only >= 0:
+        for k in range(s):
+            lo = lowest[k]
+            for i in range(n):
+                earliness[k, i] = arrival[k, i] - lo if n_valid >= 2 else 0.0
+                delay[k, i] = 0.0
     if learning:
         # Per site, ranks contiguous and branch-free: earliness, calm, floor, mean, variance
         # and the next delay. Invalid ranks go through too (NaN in, garbage out) and are reset
@@ -113,7 +122,7 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
             lo = lowest[k]
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
-            for i in range(n):
+            for i in range(rank_lo, rank_hi):
                 e = arrival[k, i] - lo
                 earliness[k, i] = e
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
@@ -135,23 +144,18 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
                     x = 0.0 if i == last else x
                     total[i] += x
                 delay[k, i] = x
-    else:
-        for k in range(s):
-            lo = lowest[k]
-            for i in range(n):
-                earliness[k, i] = arrival[k, i] - lo if n_valid >= 2 else 0.0
-                delay[k, i] = 0.0
     if n_valid < n:
         for i in range(n):
             if not valid[i]:
                 for k in range(s):
-                    floor[k, i], calm[k, i], mean[k, i], var[k, i] = 0.0, 0, 0.0, -1.0
                     earliness[k, i], delay[k, i] = 0.0, 0.0
+                    if rank_lo <= i < rank_hi:
+                        floor[k, i], calm[k, i], mean[k, i], var[k, i] = 0.0, 0, 0.0, -1.0
                 total[i] = 0.0
 
     # One rank's delays over all sites must not exceed the cap either.
     if pacing and s > 1:  # with one site, the clamp above already did it
-        for i in range(n):
+        for i in range(rank_lo, rank_hi):
             if total[i] > cap:
                 for k in range(s):
                     delay[k, i] *= cap / total[i]

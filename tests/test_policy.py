@@ -237,12 +237,13 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
                      off_steps=2, threshold_us=100.0, release_us=50.0)
     params = PolicyParams.from_config(cfg, n)
     fast = ref = init_state(n, s)
+    rank = data.draw(st.one_of(st.none(), st.integers(0, n - 1)))  # a pacer updates its own
     for _ in range(steps):
         w = data.draw(arrays(np.float64, (n, s), elements=any_us))
         d = data.draw(arrays(np.float64, (n, s), elements=st.one_of(st.just(0.0), finite_us)))
         step = data.draw(arrays(np.float64, n, elements=st.one_of(finite_us, st.just(np.nan))))
-        fast, a = update(params, fast, w, d, step, fused=True)
-        ref, b = update_reference(params, ref, w, d, step)
+        fast, a = update(params, fast, w, d, step, fused=True, rank=rank)
+        ref, b = update_reference(params, ref, w, d, step, rank=rank)
         for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
                      "delay", "active"):
             np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
@@ -311,3 +312,27 @@ def test_host_engine_applies_its_delay_as_a_deadline():
         eng.exit(ticket)
         eng.end_step(step, 0.0)
     assert 3_000.0 < applied < 18_000.0, applied
+
+
+def test_one_rank_update_gives_that_rank_the_full_updates_delays():
+    """What the host backend runs: its own rank's rows only, the same delays for that rank as
+    the full update, and the same per-site statistics and earliness for everyone."""
+    rng = np.random.default_rng(5)
+    n, s = 200, 2
+    params = PolicyParams.from_config(PACE, n)
+    full, own = init_state(n, s), init_state(n, s)
+    for _ in range(30):
+        w = 200.0 + rng.exponential(500.0, (n, s))
+        w[7] = np.nan  # a broken rank among them
+        w[3] = 8000.0 + rng.uniform(0, 10, s)  # reliably early: it waits longest
+        a = update_in_place(params, full, w, np.zeros((n, s)), np.full(n, 2e4))
+        b = update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=3)
+        np.testing.assert_array_equal(a.delay[3], b.delay[3])
+        assert not np.delete(b.delay, 3, axis=0).any()
+        for name in ("earliness", "spread", "straggler", "residual", "valid", "active"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert (a.delay[3] > 0).any()
+    assert not own.floor[4:].any() and own.floor[3].any()  # the other rows were left alone
+    for bad in (-1, n, 1.5):
+        with pytest.raises(ValueError, match="rank"):
+            update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=bad)

@@ -133,7 +133,7 @@ class HostEngine:
             self._last_exit_ns[:] = 0
         m = self.max_sites
         w, d, steps = rows[:, 2:2 + n], rows[:, 2 + m:2 + m + n], rows[:, 1]
-        stats = policy.update_in_place(self.params, self.state, w, d, steps)
+        stats = policy.update_in_place(self.params, self.state, w, d, steps, rank=self.rank)
         self._next_delay[:] = 0.0
         self._next_delay[:n] = stats.delay[self.rank]
         return make_record(step, time_s, stats, w, d, steps, self.rank)
