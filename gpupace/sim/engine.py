@@ -18,6 +18,8 @@ from numba import njit
 
 from .. import policy
 
+# Compiled into `run_step`. Numba's on-disk cache checks only this file's timestamp: after
+# editing `policy.deadline_delay`, touch this file (or clear __pycache__) or the old code runs.
 deadline_delay = njit(cache=True, inline="always")(policy.deadline_delay)
 
 
