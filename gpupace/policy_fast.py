@@ -9,8 +9,10 @@ a contiguous stream of selects rather than branches; the state is updated in pla
 warm loop (interleaved A/B on the same inputs): ~15 us the call, ~45 the first pass, ~40 the
 state pass, ~20 the median of the step times. With the caches cold (16 MB touched between
 calls, as a training step would) it takes ~290 us: one update streams ~1 MB of float64 state,
-inputs and outputs, which alone is ~100 us at this VM's bandwidth. bench/cpu_policy (which
-interleaves it with the NumPy reference) measures 245-280 us p50: over the 100 us target.
+inputs and outputs, which alone is ~100 us at this VM's bandwidth. A pacer needs only its own
+rank's state (`only`): the state pass shrinks to S elements and bench/cpu_policy measures
+180-224 us p50 (every rank: 277-408 us), still over the 100 us target; what is left is the
+first pass over the inputs, every rank's earliness and the median.
 """
 
 from __future__ import annotations
