@@ -19,7 +19,7 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -124,48 +124,54 @@ class Pacer:
 
     # -- sites ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def site(self, name: str = "") -> Iterator[None]:
-        """Paces the collective issued inside the block: stamps arrival, waits this rank's
-        delay, stamps entry; the exit is stamped when the block ends, so the collective inside
-        must be synchronous (use `all_reduce(..., async_op=True)` for async ones)."""
+    def collective(self, name: str = "", *, async_op: bool = False) -> Iterator[Callable]:
+        """Paces the one collective issued inside the block: stamps arrival and waits this
+        rank's delay on entry, then yields `issued(work)`, to call right after issuing it with
+        its work handle (None for a synchronous collective); the exit is stamped when the work
+        completes. On the device backend the block runs on the pacing stream, so the delay
+        holds back the collective and not the compute after it.
+
+            with pacer.collective("grads", async_op=True) as issued:
+                work = dist.all_reduce(t, group=pacer.group, async_op=True)
+                issued(work)
+        """
         if not self.enabled:
-            yield
+            yield lambda work=None: None
             return
-        ticket = self._arrive(name)
-        try:
+        done = []
+        with self._engine.issue(sync=not async_op):
+            ticket = self._arrive(name)
+
+            def issued(work=None) -> None:
+                if not done:
+                    done.append(True)
+                    self._engine.leave(ticket, work)
+
+            try:
+                yield issued
+            finally:
+                if not async_op:
+                    issued()  # a synchronous collective (or an error): its exit is now
+
+    @contextlib.contextmanager
+    def site(self, name: str = "") -> Iterator[None]:
+        """Paces the synchronous collective issued inside the block: stamps arrival, waits this
+        rank's delay, stamps entry; the exit is stamped when the block ends (use
+        `all_reduce(..., async_op=True)` or `collective` for async ones)."""
+        with self.collective(name):
             yield
-        finally:
-            self._engine.exit(ticket)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, *,
                    async_op: bool = False, name: str = "all_reduce"):
         """A paced drop-in for `torch.distributed.all_reduce` on this pacer's group."""
-        if not self.enabled:
-            return dist.all_reduce(tensor, op=op, group=self.group, async_op=async_op)
-        ticket = self._arrive(name)
-        if not async_op:
-            try:
-                return dist.all_reduce(tensor, op=op, group=self.group)
-            finally:
-                self._engine.exit(ticket)
-        work = dist.all_reduce(tensor, op=op, group=self.group, async_op=True)
-        work.get_future().then(lambda _: self._engine.exit(ticket))
+        with self.collective(name, async_op=async_op) as issued:
+            work = dist.all_reduce(tensor, op=op, group=self.group, async_op=async_op)
+            issued(work)
         return work
 
     def _arrive(self, name: str):
         self._names_this_step.append(name)
         return self._engine.arrive()
-
-    def arrive(self, name: str = ""):
-        """Low-level: stamp arrival and apply the delay now; pass the returned ticket to
-        `depart` when the collective has completed (integrations use this pair)."""
-        if not self.enabled:
-            return None
-        return self._arrive(name)
-
-    def depart(self, ticket) -> None:
-        if ticket is not None:
-            self._engine.exit(ticket)
 
     # -- steps ------------------------------------------------------------------------------
     def step(self) -> StepRecord | None:

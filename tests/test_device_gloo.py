@@ -61,3 +61,33 @@ def test_device_engine_on_two_gloo_ranks():
     np.testing.assert_array_equal(floor0, floor1)
     assert delay0[0, 0] > 150.0 and delay0[1, 0] == 0.0  # the early rank is paced
     assert seen0[-1][0, 2 + 2] > 150.0  # and rank 0 applied it
+
+
+def _issued_collectives(rank: int, world: int, n_steps: int):
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    from gpupace import PaceConfig
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="pace", max_sites=2), None, rank, world, device="cpu")
+    sums, rows = [], []
+    for step in range(n_steps):
+        t = torch.full((4,), float(rank + 1))
+        with eng.issue(sync=False):  # the flow of Pacer.collective(..., async_op=True)
+            ticket = eng.arrive()
+            work = dist.all_reduce(t, async_op=True)
+            eng.leave(ticket, work)
+        eng.end_step(step, 0.0)
+        sums.append(t.tolist())
+        rows.append(eng.gathered.numpy().copy())
+    return sums, rows
+
+
+def test_device_engine_issue_and_leave_around_an_async_collective():
+    for sums, rows in run_ranks(_issued_collectives, 2, 3):
+        assert all(s == [3.0] * 4 for s in sums)  # the collective completed before its exit
+        for g in rows:
+            assert (g[:, 0] == 1).all()  # one site per rank, its exit stamped
+            assert np.isfinite(g[:, 2]).all() and (g[:, 2] >= 0).all()  # a wait for each

@@ -1,8 +1,9 @@
 """The device backend: the whole measure -> decide -> delay loop on the GPU, with no host sync.
 
-Per paced collective, on the stream that issues it: `kernels.spin.enter` (arrive stamp, spin for
-this rank's delay, enter stamp) -> the collective -> `kernels.stamp.exit_stamp` (wait, step time,
-site count). Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
+Per paced collective, on the engine's pacing stream, forked from the stream that issues it
+(`issue`): `kernels.spin.enter` (arrive stamp, spin for this rank's delay, enter stamp) -> the
+collective -> `kernels.stamp.exit_stamp` (wait, step time, site count). The spin so delays the
+collective and not the compute queued after it. Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
 Triton update (floors, hysteresis, next delays, telemetry ring, step counter). Everything lives
 in buffers made in the constructor, so a paced step can be captured in a CUDA graph after
 `warmup()`; replays then adapt the delays with no host involvement.
@@ -21,8 +22,10 @@ clock-free kernel path and the NumPy twin of the reduction: that is for tests.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,7 @@ class DeviceEngine:
                                "TRITON_INTERPRET=1 (for tests); use backend='host'")
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
+        self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self.max_sites = m = config.max_sites
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.cap_us = float(config.max_delay_us)
@@ -161,11 +165,38 @@ class DeviceEngine:
         if self._timed and not capturing and k < len(self._step_events):
             self._step_events[k][1] = self._event()
 
+    @contextlib.contextmanager
+    def issue(self, sync: bool) -> Iterator[None]:
+        """The block that arrives and issues a collective, run on the engine's pacing stream
+        after the work already queued on the current stream (the gradients): the spin then
+        holds back the collective, which NCCL orders after the stream it is issued on, and not
+        the compute that follows on the current stream. A synchronous collective's result is
+        awaited by the current stream when the block ends; an async one's by its future, and
+        `end_step` joins the pacing stream back (as a CUDA-graph capture requires)."""
+        if self._pace_stream is None:
+            yield
+            return
+        current = torch.cuda.current_stream(self.device)
+        self._pace_stream.wait_stream(current)
+        with torch.cuda.stream(self._pace_stream):
+            yield
+        if sync:
+            current.wait_stream(self._pace_stream)
+
+    def leave(self, ticket: tuple[int, int], work=None) -> None:
+        """After issuing a collective, inside `issue`: the exit stamp, queued behind the
+        collective (`work.wait()` orders the current stream after an async one, host-free)."""
+        if work is not None:
+            work.wait()
+        self.exit(ticket)
+
     # -- per step ---------------------------------------------------------------------------
     def end_step(self, step: int, time_s: float) -> StepRecord | None:
         """Enqueues the exchange, the reduction and the update; returns the oldest telemetry
         record that has reached the host, if any (records arrive a few steps late)."""
         capturing = self._check_capture()
+        if self._pace_stream is not None:  # the step's exit stamps, from the pacing stream
+            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
         n = min(self.n_sites, self.max_sites)
         self._exchange()
         self._reduce(n)

@@ -9,9 +9,11 @@ stamps across ranks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -101,6 +103,19 @@ class HostEngine:
             self._last_exit_ns[k] = now
         if k == 0:
             self._exit0 = now
+
+    @contextlib.contextmanager
+    def issue(self, sync: bool) -> Iterator[None]:
+        """The block that arrives and issues a collective: nothing to set up on the host."""
+        yield
+
+    def leave(self, ticket: tuple[int, int], work=None) -> None:
+        """After issuing a collective: stamps its exit now (`work` None: it was synchronous)
+        or when its future completes."""
+        if work is None:
+            self.exit(ticket)
+        else:
+            work.get_future().then(lambda _: self.exit(ticket))
 
     # -- per step ---------------------------------------------------------------------------
     def end_step(self, step: int, time_s: float) -> StepRecord | None:

@@ -22,11 +22,7 @@ from ..pacer import Pacer
 def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     tensor = bucket.buffer()
     tensor.div_(pacer.world_size)
-    ticket = pacer.arrive(f"bucket{bucket.index()}")
-    work = dist.all_reduce(tensor, group=pacer.group, async_op=True)
-
-    def done(fut: torch.futures.Future) -> torch.Tensor:
-        pacer.depart(ticket)
-        return fut.value()[0]
-
-    return work.get_future().then(done)
+    with pacer.collective(f"bucket{bucket.index()}", async_op=True) as issued:
+        work = dist.all_reduce(tensor, group=pacer.group, async_op=True)
+        issued(work)
+    return work.get_future().then(lambda fut: fut.value()[0])

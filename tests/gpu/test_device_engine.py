@@ -149,3 +149,32 @@ def test_capture_once_replay_200_with_skew_delays_adapt(figures):
     assert recs[-1].delay_us[0] > 250.0  # the spin applied it inside the replays
     assert recs[-1].spread_us == pytest.approx(300.0, abs=5.0)
     assert int(eng.state["counter"][0].item()) == 201
+
+
+def test_ddp_hook_on_the_device_backend_trains_like_plain_ddp(nccl_group):
+    """The DDP hook issues each bucket's all_reduce under Pacer.collective: on the device
+    backend, on the pacing stream forked from the backward's stream and joined back by the
+    future and by step(). One rank: the gradients, hence the weights, must equal plain DDP's."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),  # noqa: E731
+                                       torch.nn.Linear(256, 8)).cuda()
+    plain, paced = make(), make()
+    paced.load_state_dict(plain.state_dict())
+    ddp_plain = DDP(plain, device_ids=[0], bucket_cap_mb=0.05, process_group=nccl_group)
+    ddp_paced = DDP(paced, device_ids=[0], bucket_cap_mb=0.05, process_group=nccl_group)
+    pacer = Pacer(paced_config(max_sites=16), nccl_group, backend="device")
+    pacer.attach(ddp_paced)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ddp_plain, ddp_paced)]
+    for _ in range(6):
+        x = torch.randn(32, 64, device="cuda")
+        for model, opt in zip((ddp_plain, ddp_paced), opts, strict=True):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        pacer.step()
+    torch.cuda.synchronize()
+    for a, b in zip(plain.parameters(), paced.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert len(pacer.site_names) > 1  # several buckets, each one paced site
