@@ -2,11 +2,15 @@
 (`make_record`), keeping it in the in-memory ring, and writing it to a JSON-lines file
 (`TelemetryWriter.write`, which flushes and fsyncs every `telemetry_interval` records, so
 its p99 shows the flush). A record holds per-rank lists, so the cost grows with the world.
+A Pacer writes in the background (`background=True`): its rows time what the training
+thread still pays (queueing, and the thread's share of this 2-core VM and of the GIL), and
+`background drain` the thread's own time per record, measured as its closing drain.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +29,9 @@ def repeats_for(world: int, quick: bool) -> int:
     return 300 if world <= 64 else 150 if world <= 1024 else 60
 
 
-def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, object, int]:
-    """The timed callables for an `n`-rank record, the writer to close, and the record size."""
+def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, list, int]:
+    """The timed callables for an `n`-rank record, the writers to close (plain, background),
+    and the record size."""
     from gpupace import PaceConfig, policy
     from gpupace.telemetry import Ring, TelemetryWriter, make_header, make_record
 
@@ -36,29 +41,32 @@ def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, object, 
     steps = rng.normal(20_000.0, 500.0, size=n)
     params = policy.PolicyParams.from_config(cfg, n)
     _, stats = policy.update(params, policy.init_state(n, N_SITES), w, d, steps)
-    writer = TelemetryWriter(
-        path, make_header(source="bench", world_size=n), cfg.telemetry_interval
-    )
+    header = make_header(source="bench", world_size=n)
+    writer = TelemetryWriter(path, header, cfg.telemetry_interval)
+    queued = TelemetryWriter(path.with_suffix(".bg.jsonl"), header, cfg.telemetry_interval,
+                             background=True)
     ring = Ring(cfg.ring_size)
     rec = make_record(0, 0.0, stats, w, d, steps, 0)
     count = 0
 
-    def whole() -> None:
+    def whole(out) -> None:
         # What `Pacer.step()` does for telemetry once the policy has run.
         nonlocal count
         count += 1
         r = make_record(count, 1.0, stats, w, d, steps, 0)
         ring.append(r)
-        writer.write(r)
+        out.write(r)
 
     parts = {
         "make_record": lambda: make_record(1, 1.0, stats, w, d, steps, 0),
         "ring.append": lambda: ring.append(rec),
         "to_json": rec.to_json,
         "writer.write": lambda: writer.write(rec),
-        "per step total": whole,
+        "per step total": lambda: whole(writer),
+        "writer.write (background)": lambda: queued.write(rec),
+        "per step total (background)": lambda: whole(queued),
     }
-    return parts, writer, len(rec.to_json()) + 1
+    return parts, [writer, queued], len(rec.to_json()) + 1
 
 
 def bench_telemetry(h: Harness) -> None:
@@ -72,11 +80,17 @@ def bench_telemetry(h: Harness) -> None:
     med: dict[str, dict[int, tuple[float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpupace-bench-") as tmp:
         for n in worlds:
-            parts, writer, nbytes = _parts(n, Path(tmp) / f"t{n}.jsonl", rng)
+            parts, (writer, queued), nbytes = _parts(n, Path(tmp) / f"t{n}.jsonl", rng)
             try:
                 s = interleave(parts, warmup=5, repeats=repeats_for(n, h.quick))
             finally:
                 writer.close()
+                left = queued._queue.qsize()  # what the thread had not written yet
+                t0 = time.perf_counter()
+                queued.close()
+                drain_us = (time.perf_counter() - t0) * 1e6
+            if left:
+                s["background drain (thread, per record)"] = [drain_us / left]
             for k, v in s.items():
                 row = h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
                 med.setdefault(k, {})[n] = (row["p20"], row["p50"], row["p80"])

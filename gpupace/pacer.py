@@ -85,7 +85,7 @@ class Pacer:
                                  label=label, config=self.config.to_dict(),
                                  samples_per_step=samples_per_step, **(telemetry_extra or {}))
             self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
-                                           self.config.telemetry_interval)
+                                           self.config.telemetry_interval, background=True)
         self._tb = None
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
