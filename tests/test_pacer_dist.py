@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(120)
 def _paced_equals_plain(rank, world):
     pacer = Pacer(PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
                              threshold_us=50.0, release_us=10.0))
-    out = []
+    out, first_site_delays = [], []
     for k in range(12):
         time.sleep(0.02 if rank == world - 1 else 0.0)  # a persistent straggler
         x = torch.arange(1000, dtype=torch.float64) * (rank + 1) + k
@@ -33,7 +33,8 @@ def _paced_equals_plain(rank, world):
         out.append((torch.equal(plain, paced), torch.equal(plain, in_site),
                     torch.equal(y, torch.arange(1000, dtype=torch.float64) * world + k)))
         pacer.step()
-    return out, pacer.summary(), pacer.next_delays_us.tolist(), pacer.site_names
+        first_site_delays.append(pacer.next_delays_us[0] if pacer.next_delays_us.size else 0.0)
+    return out, pacer.summary(), first_site_delays, pacer.site_names
 
 
 def test_paced_collectives_give_the_same_numbers_and_delay_early_ranks():
@@ -43,9 +44,11 @@ def test_paced_collectives_give_the_same_numbers_and_delay_early_ranks():
         assert summary["world_size"] == 3 and summary["sites"] == 3
         assert names == ["all_reduce", "explicit", "all_reduce"]
         assert summary["straggler_histogram"][2] >= 10  # rank 2 sleeps 20 ms each step
-    # At the first site, early ranks are paced, the straggler never.
-    assert results[0][2][0] > 1000 and results[1][2][0] > 1000
-    assert results[2][2][0] == 0.0
+    # At the first site, early ranks are paced (on most steps: one step of OS noise on a loaded
+    # VM can drop a delay to zero), the straggler never.
+    for early in (0, 1):
+        assert np.median(results[early][2][4:]) > 1000, results[early][2]
+    assert not any(results[2][2]), results[2][2]
 
 
 def _estimator_vs_truth(rank, world, steps):
