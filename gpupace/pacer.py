@@ -138,20 +138,15 @@ class Pacer:
         if not self.enabled:
             yield lambda work=None: None
             return
-        done = []
         with self._engine.issue(sync=not async_op):
             ticket = self._arrive(name)
-
-            def issued(work=None) -> None:
-                if not done:
-                    done.append(True)
-                    self._engine.leave(ticket, work)
-
+            if async_op:
+                yield lambda work: self._engine.leave(ticket, work)
+                return
             try:
-                yield issued
+                yield lambda work=None: None  # synchronous: the exit is when the block ends
             finally:
-                if not async_op:
-                    issued()  # a synchronous collective (or an error): its exit is now
+                self._engine.leave(ticket)
 
     @contextlib.contextmanager
     def site(self, name: str = "") -> Iterator[None]:
