@@ -203,7 +203,8 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
 
 
 def _check_rank(rank: int | None, n_ranks: int) -> None:
-    if rank is not None and not (isinstance(rank, (int, np.integer)) and 0 <= rank < n_ranks):
+    if rank is not None and not (isinstance(rank, (int, np.integer)) and not isinstance(rank, bool)
+                                 and 0 <= rank < n_ranks):
         raise ValueError(f"rank must be None or an integer in [0, {n_ranks}), got {rank!r}")
 
 

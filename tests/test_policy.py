@@ -333,6 +333,6 @@ def test_one_rank_update_gives_that_rank_the_full_updates_delays():
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     assert (a.delay[3] > 0).any()
     assert not own.floor[4:].any() and own.floor[3].any()  # the other rows were left alone
-    for bad in (-1, n, 1.5):
+    for bad in (-1, n, 1.5, True):
         with pytest.raises(ValueError, match="rank"):
             update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=bad)
