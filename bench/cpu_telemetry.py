@@ -69,13 +69,12 @@ def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, list, in
     return parts, [writer, queued], len(rec.to_json()) + 1
 
 
-def _thread_time_us(n: int, path: Path, rng: np.random.Generator, records: int = 10) -> float:
-    """The background thread's own time per record: `records` writes queued at once, then
-    the wall time until `close()` has written them all, per record."""
-    parts, writers, _ = _parts(n, path, rng)
-    writers[0].close()
-    queued = writers[1]
-    rec = parts["make_record"]()
+def _thread_time_us(rec, n: int, path: Path, records: int = 10) -> float:
+    """The background thread's own time per record: `records` writes of `rec` queued at once,
+    then the wall time until `close()` has written them all, per record."""
+    from gpupace.telemetry import TelemetryWriter, make_header
+
+    queued = TelemetryWriter(path, make_header(source="bench", world_size=n), background=True)
     t0 = time.perf_counter()
     for _ in range(records):
         queued.write(rec)
@@ -105,7 +104,7 @@ def bench_telemetry(h: Harness) -> None:
                 med.setdefault(k, {})[n] = (row["p20"], row["p50"], row["p80"])
             h.record("telemetry", {"world": n, "sites": N_SITES,
                                    "part": "background thread, per record"},
-                     [_thread_time_us(n, Path(tmp) / f"d{n}.jsonl", rng)])
+                     [_thread_time_us(parts["make_record"](), n, Path(tmp) / f"d{n}.jsonl")])
             sizes[str(n)] = nbytes
         to_json_parts(h, max(worlds))
     h.plot("telemetry_per_step", lambda fig: _draw(fig, worlds, med))
