@@ -219,6 +219,8 @@ def _inputs(state: PolicyState, wait, delay, step_us,
             f"{np.size(wait)}, {np.size(delay)}, {np.size(step_us)}"
         )
     def as2d(a):
+        if type(a) is np.ndarray and a.dtype == np.float64 and a.shape == (n, s) and not copy:
+            return a  # the usual case, without NumPy's conversions
         a = np.asarray(a, dtype=np.float64).reshape(n, s)
         return np.ascontiguousarray(a) if copy else a
 
@@ -239,12 +241,12 @@ def update_reference(
     w, d, step_us = _inputs(state, wait, delay, step_us)
     _check_rank(rank, n)
 
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"):  # NaN and opposite infinities: invalid, and quietly so
         ok = np.isfinite(w) & np.isfinite(d) & (w >= 0) & (d >= 0) & (w < ABSURD_US) & (d < ABSURD_US)
+        arrival = np.where(ok, w + d, np.inf)  # time from natural arrival to exit
     valid = ok.all(axis=1)
     n_valid = int(valid.sum())
-
-    arrival = np.where(valid[:, None], w + d, np.inf)  # time from natural arrival to exit
+    arrival[~valid] = np.inf
     if n_valid >= 2:
         earliest_exit = arrival.min(axis=0)  # min_j (w_j + d_j)
         earliness = np.where(valid[:, None], arrival - earliest_exit, 0.0)

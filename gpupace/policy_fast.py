@@ -4,15 +4,16 @@ calls. Tests hold it equal to the reference on random inputs.
 
 Layout: the kernel works site-major, on [S, N] C-contiguous matrices, which are the [N, S]
 Fortran-ordered arrays of `PolicyState` seen transposed. Each site's loop over ranks is then
-a contiguous stream of selects rather than branches; the state is updated in place. On the
-2-core VM at 4096 ranks x 4 sites this took the kernel from ~350 to ~140 us per update in a
-warm loop (interleaved A/B on the same inputs): ~15 us the call, ~45 the first pass, ~40 the
-state pass, ~20 the median of the step times. With the caches cold (16 MB touched between
-calls, as a training step would) it takes ~290 us: one update streams ~1 MB of float64 state,
-inputs and outputs, which alone is ~100 us at this VM's bandwidth. A pacer needs only its own
-rank's state (`only`): the state pass shrinks to S elements and bench/cpu_policy measures
-180-224 us p50 (every rank: 277-408 us), still over the 100 us target; what is left is the
-first pass over the inputs, every rank's earliness and the median.
+a contiguous stream of selects rather than branches; the state is updated in place.
+The first pass proves every rank valid from the extremes it takes anyway (the exact per-rank
+test, four comparisons per value, cost ~20 us at 4096 x 4 and runs only when that proof
+fails) and writes w + d into the earliness output, not a scratch matrix.
+Costs on the 2-core VM at 4096 ranks x 4 sites, per update: ~25-35 us the first pass (one
+read of the inputs, cold in a training loop), ~17 us the median of the step times, ~8 us
+the earliness and delay outputs, ~20 us of Python around the call. A pacer needs only its
+own rank's state (`only`), which shrinks the state pass to S elements: 83-112 us in an A/B
+loop against the every-rank update (the previous kernel: 96-133 us), 170 us p50 in
+bench/cpu_policy, whose NumPy reference between calls leaves every cache cold.
 """
 
 from __future__ import annotations
@@ -38,36 +39,23 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
     (a pacer's own); the other ranks' state rows stay as they were and their delays are 0.
     Returns (cap, step + 1)."""
     n, s = w.shape
-    # Pass 1, per site: a site-major copy of w + d (the rows arrive rank-major), the invalid
-    # values per rank, and the per-site extremes of w + d and of w, taken over every rank:
-    # right whenever all ranks are valid, and redone below for the ranks that are when not.
-    arrival = np.empty((s, n))
-    bad = np.zeros(n)
+    # Pass 1, per site: a site-major copy of w + d (the rows arrive rank-major) and the
+    # per-site extremes of w + d and of w over every rank. All ranks are valid on almost every
+    # step; the extremes then prove it (below), and the exact per-rank test runs only if not.
+    # The copy goes into `earliness`, which later passes turn into w + d - min(w + d) in place.
     lowest, highest = np.empty(s), np.empty(s)
     wlow, whigh = np.empty(s), np.empty(s)
-    for k in range(s):
-        lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
-        for i in range(n):
-            x, y = w[i, k], d[i, k]
-            a = x + y
-            arrival[k, i] = a
-            # NaN fails every comparison, so this also counts NaN and inf.
-            bad[i] += (0.0 if 0.0 <= x < ABSURD_US else 1.0) + (0.0 if 0.0 <= y < ABSURD_US else 1.0)
-            lo = a if a < lo else lo
-            hi = a if a > hi else hi
-            wmin = x if x < wmin else wmin
-            wmax = x if x > wmax else wmax
-        lowest[k], highest[k], wlow[k], whigh[k] = lo, hi, wmin, wmax
-    n_valid = 0
-    for i in range(n):
-        valid[i] = bad[i] == 0.0
-        n_valid += valid[i]
-    if n_valid < n:  # rare: the extremes again, over valid ranks only
+    all_valid = _extremes(w, d, earliness, lowest, highest, wlow, whigh)
+    if all_valid:
+        valid[:] = True
+        n_valid = n
+    else:  # rare: the exact test, then the extremes again over the valid ranks only
+        n_valid = _validity(w, d, valid)
         for k in range(s):
             lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
             for i in range(n):
                 if valid[i]:
-                    a, x = arrival[k, i], w[i, k]
+                    a, x = earliness[k, i], w[i, k]
                     lo, hi = min(lo, a), max(hi, a)
                     wmin, wmax = min(wmin, x), max(wmax, x)
             lowest[k], highest[k], wlow[k], whigh[k] = lo, hi, wmin, wmax
@@ -75,7 +63,7 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
         first = -1  # the straggler: the first valid rank with the lowest w + d
         if n_valid >= 2:
             for i in range(n):
-                if valid[i] and arrival[k, i] == lowest[k]:
+                if valid[i] and earliness[k, i] == lowest[k]:
                     first = i
                     break
         straggler[k] = first
@@ -106,14 +94,16 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
     cap = min(max_delay_us, cap_fraction * median(step_us_known[:m])) if m else 0.0
     pacing = learning and mode == MODE_PACE
 
-    # Each element of earliness and delay is written once (twice for `only`'s rank).
+    # Each element of delay is written once (twice for `only`'s rank); earliness holds w + d
+    # until a pass below subtracts the site's lowest.
     total = np.zeros(n)  # each rank's delays over all sites
     rank_lo, rank_hi = (0, n) if only < 0 else (only, only + 1)
-    if not learning or only >= 0:
+    done = not learning or only >= 0  # earliness final before the state pass
+    if done:
         for k in range(s):
             lo = lowest[k]
             for i in range(n):
-                earliness[k, i] = arrival[k, i] - lo if n_valid >= 2 else 0.0
+                earliness[k, i] = earliness[k, i] - lo if n_valid >= 2 else 0.0
                 delay[k, i] = 0.0
     if learning:
         # Per site, ranks contiguous and branch-free: earliness, calm, floor, mean, variance
@@ -121,11 +111,11 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
         # below, which keeps this loop free of per-rank tests.
         keep = 1.0 - floor_rise
         for k in range(s):
-            lo = lowest[k]
+            lo = 0.0 if done else lowest[k]
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
             for i in range(rank_lo, rank_hi):
-                e = arrival[k, i] - lo
+                e = earliness[k, i] - lo
                 earliness[k, i] = e
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
                 # Fast down; up only for a rank that has not been late for the holdoff.
@@ -165,6 +155,49 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _extremes(w, d, arrival, lowest, highest, wlow, whigh):
+    """Fills arrival [S, N] = w + d and the per-site min and max of it and of w; returns
+    whether every value of w and d is valid (0 <= x < ABSURD_US). The test costs a NaN check
+    and one more min per element instead of four comparisons: no NaN in w + d (a NaN or an
+    opposite infinity in either gives one), min w >= 0, min d >= 0 and max(w + d) < ABSURD_US
+    (with both >= 0, each is then below it too). A False may still be all valid (w + d over
+    the bound with each under it): the caller's exact test decides then."""
+    n, s = w.shape
+    nan = False
+    dmin = np.inf
+    for k in range(s):
+        lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
+        for i in range(n):
+            x, y = w[i, k], d[i, k]
+            a = x + y
+            arrival[k, i] = a
+            nan |= a != a
+            lo = a if a < lo else lo
+            hi = a if a > hi else hi
+            wmin = x if x < wmin else wmin
+            wmax = x if x > wmax else wmax
+            dmin = y if y < dmin else dmin
+        lowest[k], highest[k], wlow[k], whigh[k] = lo, hi, wmin, wmax
+    return not nan and dmin >= 0.0 and wlow.min() >= 0.0 and highest.max() < ABSURD_US
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _validity(w, d, valid):
+    """The exact test, per rank: every w and d of its row in [0, ABSURD_US). Returns the
+    number of valid ranks."""
+    n, s = w.shape
+    n_valid = 0
+    for i in range(n):
+        ok = True
+        for k in range(s):
+            # NaN fails every comparison, so this also rejects NaN and inf.
+            ok &= (0.0 <= w[i, k] < ABSURD_US) and (0.0 <= d[i, k] < ABSURD_US)
+        valid[i] = ok
+        n_valid += ok
+    return n_valid
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def median(x):
     """np.median of finite values, by a histogram of N/8 bins between min and max and a
     partition of the bins that hold the middle: two passes and a small sort instead of a
@@ -172,7 +205,10 @@ def median(x):
     Exact: the bin index is monotone in the value, so the middle order statistics are in
     the bins where the cumulative counts say they are."""
     n = x.size
-    lo, hi = x.min(), x.max()
+    lo, hi = np.inf, -np.inf  # x is finite: plain selects, not NumPy's NaN-aware min and max
+    for v in x:
+        lo = v if v < lo else lo
+        hi = v if v > hi else hi
     if lo == hi or n < 64:
         return np.median(x)
     bins = n // 8

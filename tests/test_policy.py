@@ -286,6 +286,30 @@ def test_update_in_place_matches_update_with_broken_ranks():
     np.testing.assert_allclose(c.delay, update(params, mine, w, d, steps)[1].delay, rtol=1e-12)
 
 
+@pytest.mark.parametrize("bad", ["none", "sum_over_bound", "d_inf", "d_nan", "d_negative",
+                                 "w_minus_inf", "inf_minus_inf"])
+def test_fused_validity_shortcut_agrees_with_the_exact_test(bad):
+    """The fused kernel proves every rank valid from its extremes and runs the exact per-rank
+    test only when that proof fails: each way of failing it must give the reference's answer
+    (w + d over the bound with both under it is valid)."""
+    rng = np.random.default_rng(5)
+    n, s = 40, 3
+    w, d = 100.0 + rng.exponential(300.0, (n, s)), rng.uniform(0, 50, (n, s))
+    pairs = {"sum_over_bound": (6e8, 6e8), "d_inf": (10.0, np.inf), "d_nan": (10.0, np.nan),
+             "d_negative": (10.0, -1.0), "w_minus_inf": (-np.inf, 0.0),
+             "inf_minus_inf": (np.inf, -np.inf)}
+    if bad in pairs:
+        w[7, 1], d[7, 1] = pairs[bad]
+    params = PolicyParams.from_config(PACE, n)
+    fast, ref = init_state(n, s), init_state(n, s)
+    for _ in range(params.warmup_steps + 3):
+        fast, a = update(params, fast, w, d, np.full(n, 1e4), fused=True)
+        ref, b = update_reference(params, ref, w, d, np.full(n, 1e4))
+    assert a.valid.sum() == (n - 1 if bad in pairs and bad != "sum_over_bound" else n)
+    for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid", "delay"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
 def test_deadline_delay_shortens_by_lateness_and_never_lengthens():
     nan = float("nan")
     assert deadline_delay(300.0, nan, 7.0, 0.1) == (300.0, 7.0)  # arrival unknown: the plan
