@@ -20,6 +20,8 @@ import torch
 from . import policy
 from .config import PaceConfig
 
+MAX_RANKS = 32  # torch.cuda.Stream() cycles through a pool of 32 streams per priority
+
 
 @dataclass(slots=True)
 class ClusterResults:
@@ -53,6 +55,10 @@ class VirtualCluster:
         if n_ranks < 2 or n_ranks * (ctas + 1) >= sms:
             raise ValueError(f"need 2 <= n_ranks and n_ranks * (ctas + 1) < {sms} SMs so every "
                              f"rank's kernels are resident at once; got {n_ranks} ranks, {ctas} CTAs")
+        if n_ranks > MAX_RANKS:
+            raise ValueError(f"at most {MAX_RANKS} ranks: torch hands out {MAX_RANKS} streams per "
+                             f"priority in turn, and two ranks on one stream deadlock at the "
+                             f"barrier; got {n_ranks}")
         cfg = config if config is not None else PaceConfig(mode="observe")
         self.config, self.n, self.m, self.n_sites = cfg, n_ranks, cfg.max_sites, n_sites
         if not 1 <= n_sites <= self.m:
@@ -109,22 +115,33 @@ class VirtualCluster:
         k, n, m = self._k, self.n, self.m
         main = torch.cuda.current_stream(self.device)
         start = main.record_event()
-        done = []
         cap = float(self.config.max_delay_us)
-        for i, s in enumerate(self.streams):
+        ranks = list(enumerate(self.streams))
+        # Phase by phase across ranks, not rank by rank: streams may share a hardware queue,
+        # and a rank's exit stamp queued ahead of another rank's barrier would wait for a
+        # barrier that cannot complete. It also compiles every kernel variant before the first
+        # barrier of its phase is launched, so no barrier spins through a compile.
+        for i, s in ranks:
             s.wait_event(start)
+            skew_us.record_stream(s)  # the caller's tensor stays alive until the spin has read it
             with torch.cuda.stream(s):
                 k["spin"].spin(skew_us[i:i + 1], self.applied[i:i + 1], self.reads[i:i + 1],
                                self.clk[i], cap_us=1e6)
-                for site in range(self.n_sites):
+        for site in range(self.n_sites):
+            for i, s in ranks:
+                with torch.cuda.stream(s):
                     k["spin"].enter(self.state["delay"], self.usual[i], self.gathered[i],
                                     self.stamps[i], self.clk[i], site, delay_offset=i * m,
                                     cap_us=cap)
+            for i, s in ranks:
+                with torch.cuda.stream(s):
                     k["barrier"].barrier(self.count[site:site + 1], n * (self.steps + 1),
                                          self.flag, self.clk[i], ctas=self.ctas,
                                          timeout_us=self.timeout_us)
+            for i, s in ranks:
+                with torch.cuda.stream(s):
                     k["stamp"].exit_stamp(self.gathered[i], self.stamps[i], self.clk[i], site)
-                done.append(s.record_event())
+        done = [s.record_event() for s in self.streams]
         for ev in done:
             main.wait_event(ev)
         ns = self.n_sites

@@ -1,8 +1,9 @@
 """A device-side barrier that stands in for a collective in the virtual cluster
 (`gpupace.vcluster`): each rank's launch adds one arrival to a counter, then K programs (CTAs)
 spin on it until every rank has arrived, as an NCCL kernel's channels (one CTA each) spin while
-a rank waits for its peers. Every wait is bounded by a timeout on the device clock; a launch
-that times out raises a flag instead of hanging the GPU.
+a rank waits for its peers. Every wait is bounded by a timeout on the device clock, and by a
+number of polls should that clock stall; a launch that times out raises a flag instead of
+hanging the GPU.
 
 All K programs of all N ranks must be resident at once for the barrier to complete, so the
 virtual cluster keeps N * (K + 1) below the SM count.
@@ -15,19 +16,22 @@ import triton
 import triton.language as tl
 
 from .clock import now, stamp_now, use_clock
+from .spin import MIN_READ_NS
 
 
-@triton.jit(do_not_specialize=["target"])
-def _barrier_kernel(count_ptr, target, timeout_ns, flag_ptr, clk_ptr, fake_tick,
+@triton.jit(do_not_specialize=["target", "timeout_ns", "max_polls"])
+def _barrier_kernel(count_ptr, target, timeout_ns, max_polls, flag_ptr, clk_ptr, fake_tick,
                     USE_CLOCK: tl.constexpr):
     if tl.program_id(0) == 0:
         tl.atomic_add(count_ptr, 1)
     t0 = stamp_now(clk_ptr, USE_CLOCK)
     t = t0
     seen = tl.load(count_ptr, volatile=True)
-    while (seen < target) & (t - t0 < timeout_ns):
+    i = 0
+    while (seen < target) & (t - t0 < timeout_ns) & (i < max_polls):
         seen = tl.load(count_ptr, volatile=True)
         t = now(t, fake_tick, USE_CLOCK)
+        i += 1
     if seen < target:
         tl.atomic_max(flag_ptr, 1)
 
@@ -42,5 +46,9 @@ def barrier(count: torch.Tensor, target: int, flag: torch.Tensor, clk: torch.Ten
         raise ValueError(f"ctas must be >= 1, got {ctas}")
     if not timeout_us > 0:
         raise ValueError(f"timeout_us must be positive, got {timeout_us}")
-    _barrier_kernel[(int(ctas),)](count, int(target), int(timeout_us * 1000), flag, clk,
+    timeout_ns = int(timeout_us * 1000)
+    # A poll (a volatile load and a clock read) takes far more than MIN_READ_NS: this bound
+    # only ever stops a wait whose clock has stalled.
+    max_polls = min(timeout_ns // MIN_READ_NS + 1000, 2**31 - 1)
+    _barrier_kernel[(int(ctas),)](count, int(target), timeout_ns, max_polls, flag, clk,
                                   int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=1)

@@ -187,6 +187,9 @@ def _update_kernel(
         tl.store(mean_ptr + offs * max_sites + s, mu, mask=amask)
         tl.store(var_ptr + offs * max_sites + s, var, mask=amask)
         tl.store(delay_ptr + offs * max_sites + s, nd, mask=rmask)
+        # Every warp has read this site's switch state before it is overwritten: without the
+        # barrier a warp one site behind could read the next step's values.
+        tl.debug_barrier()
         if agree:
             tl.store(active_ptr + s, act.to(tl.int32))
             tl.store(above_ptr + s, ab)

@@ -71,6 +71,7 @@ class DeviceEngine:
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self._fork: str | None = None  # "eager" or "capture" once `issue` forked the stream
         self.max_sites = m = config.max_sites
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.cap_us = float(config.max_delay_us)
@@ -176,12 +177,29 @@ class DeviceEngine:
         if self._pace_stream is None:
             yield
             return
+        # Before the fork: a capture refused for want of warm-up must not leave the pacing
+        # stream forked into it, or ending the capture fails on that instead.
+        capturing = self._check_capture()
         current = torch.cuda.current_stream(self.device)
         self._pace_stream.wait_stream(current)
-        with torch.cuda.stream(self._pace_stream):
-            yield
+        self._fork = "capture" if capturing else "eager"
+        try:
+            with torch.cuda.stream(self._pace_stream):
+                yield
+        except BaseException:
+            self._join()  # nothing left forked behind an error
+            raise
         if sync:
             current.wait_stream(self._pace_stream)
+
+    def _join(self) -> None:
+        """Orders the current stream after the pacing stream, if a block forked it in this
+        step and in the same capture state: a capturing stream must not wait on an event
+        recorded outside its capture (CUDA invalidates the capture), so a fork left over
+        from an eager step is not joined inside one, nor one from a capture outside it."""
+        if self._fork is not None and (self._fork == "capture") == self._capturing():
+            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
+        self._fork = None
 
     def leave(self, ticket: tuple[int, int], work=None) -> None:
         """After issuing a collective, inside `issue`: the exit stamp, queued behind the
@@ -195,8 +213,7 @@ class DeviceEngine:
         """Enqueues the exchange, the reduction and the update; returns the oldest telemetry
         record that has reached the host, if any (records arrive a few steps late)."""
         capturing = self._check_capture()
-        if self._pace_stream is not None:  # the step's exit stamps, from the pacing stream
-            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
+        self._join()  # the step's exit stamps, from the pacing stream
         n = min(self.n_sites, self.max_sites)
         self._exchange()
         self._reduce(n)
@@ -267,7 +284,7 @@ class DeviceEngine:
         ones `end_step` would have returned later included). Call it outside the step loop,
         e.g. after a batch of graph replays."""
         if self.device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.synchronize(self.device)  # steps may have run on any stream
         self._copy_pending = False
         self._parse(self.ring.cpu().numpy(), self.ring_step.cpu().numpy())
         out = list(self._records)

@@ -42,20 +42,34 @@ def _compiled_kernels():
     yield
 
 
+class Figures(dict):
+    """A dict that writes itself into the JSON file named by GPUPACE_FIGURES at every
+    assignment, merged with what is there: a device run killed half-way keeps each figure
+    measured before the kill."""
+
+    def __init__(self, path: str | None):
+        super().__init__()
+        self.path = path
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        if not self.path:
+            return
+        old = {}
+        if os.path.exists(self.path):
+            with open(self.path, encoding="utf-8") as f:
+                old = json.load(f)
+        old[key] = value
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(old, f, indent=2, default=float)
+        os.replace(tmp, self.path)
+
+
 @pytest.fixture(scope="session")
 def figures():
     """figures[name] = value: recorded for the device check's result files."""
-    out: dict = {}
-    yield out
-    path = os.environ.get("GPUPACE_FIGURES")
-    if path and out:
-        old = {}
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                old = json.load(f)
-        old.update(out)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(old, f, indent=2, default=float)
+    return Figures(os.environ.get("GPUPACE_FIGURES"))
 
 
 @pytest.fixture(scope="session")
