@@ -83,6 +83,7 @@ def run_suite(suite: str, *, quick: bool, out: Path, note: str, only: list[str] 
                 name,
                 f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
             )
+        h.write()  # after every benchmark: a suite killed half-way keeps what it measured
     for p in h.write():
         h.progress(f"wrote {p}")
     missed = [c.name for c in h.checks if not c.met]

@@ -14,6 +14,11 @@ into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collec
 error p99 <= tick + 1 us, zero syncs) are compared, never assumed: until this has run on a GPU
 they are not yet measured on a GPU.
 
+Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 300 s),
+each phase gets what is left of it, the GPU tests and the suite run as subprocesses killed at
+their deadline, a watchdog ends this process (stacks dumped) past the budget, and the result
+files are rewritten after every phase, so a kill keeps what was measured before it.
+
 Without CUDA it prints why, writes nothing and exits 0.
 """
 
@@ -21,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import faulthandler
 import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tarfile
@@ -40,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
 from bench.__main__ import gpu_missing  # noqa: E402
+from bench.gpu_common import CYCLES_PER_US  # noqa: E402
 from bench.harness import git_state, quantiles  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
@@ -55,19 +63,27 @@ SPIN_DELAYS_US = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 def ensure_installed() -> bool:
     """The kernels live in kernels/, installed as `gpupace.kernels` by package-dir, so a bare
     checkout needs an install. The lent GPU machine cannot reach a registry: install this
-    checkout alone (no dependencies, no build isolation, no index). True if it installed."""
+    checkout alone (no dependencies, no build isolation, no index); should that fail, link
+    kernels/ into the package, which needs no pip (the GPU machine's copy is thrown away).
+    True if it changed anything (the caller restarts the process to see it)."""
     import importlib.util
 
     try:
         if importlib.util.find_spec("gpupace.kernels") is not None:
             return False
-    except ModuleNotFoundError:
-        pass
+    except ImportError as e:  # gpupace itself does not import: say why, then try anyway
+        print(f"device check: gpupace does not import yet: {type(e).__name__}: {e}", flush=True)
     print("device check: installing this checkout (pip install --no-deps -e .)", flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                    "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=300)
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=120)
+    except (subprocess.SubprocessError, OSError) as e:
+        link = ROOT / "gpupace" / "kernels"
+        print(f"device check: pip failed ({type(e).__name__}: {e}); linking {link} -> "
+              f"kernels/ instead", flush=True)
+        if not link.exists():
+            link.symlink_to(ROOT / "kernels", target_is_directory=True)
     return True
-
 
 
 def slug(text: str) -> str:
@@ -94,6 +110,8 @@ def machine() -> dict[str, Any]:
         "triton": _version("triton"),
         "cupy": _version("cupy"),
         "numpy": np.__version__,
+        "numba": _version("numba"),
+        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
         "driver": None,
         "nccl": None,
         "commit": None,
@@ -116,7 +134,14 @@ def machine() -> dict[str, Any]:
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:
         pass
-    info["commit"] = git_state()[0] or None
+    # The GPU machine's copy has no .git: the command passes the commit it was made from.
+    info["commit"] = git_state()[0] or os.environ.get("GPUPACE_COMMIT") or None
+    try:
+        from gpupace import doctor
+
+        info["doctor"] = doctor.collect(measure_tick=False)
+    except Exception as e:  # noqa: BLE001 - a broken doctor is itself a finding
+        info["doctor"] = f"failed: {type(e).__name__}: {e}"
     return info
 
 
@@ -220,6 +245,9 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
         for _ in range(windows):
             for name, g in graphs.items():
                 t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                # Replays queued behind a sleep that outlasts their launches: GPU time, not
+                # the host's launch rate.
+                torch.cuda._sleep(int(iters * 50 * CYCLES_PER_US))
                 t0.record()
                 for _ in range(iters):
                     g.replay()
@@ -233,10 +261,16 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
             "paced_step_us": quantiles(graph["paced"]),
         }
         pacer.close()
+        del graphs, g  # before any NCCL teardown: graphs holding NCCL kernels must go first
+        torch.cuda.synchronize()
     fig["overhead"] = out
 
 
 def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
+    """Host syncs per paced step, two ways: torch's sync-debug mode (torch's own syncs), and
+    a GPU kept busy by a long `_sleep` while the host runs the steps: if nothing in them (CuPy,
+    Triton, the driver included) waited for the GPU, the host finishes while the GPU is still
+    asleep."""
     import torch
 
     from gpupace import PaceConfig, Pacer
@@ -258,37 +292,61 @@ def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
         torch.cuda.set_sync_debug_mode(0)
     n = sum("synchroniz" in str(w.message).lower() for w in caught)
     fig["host_syncs_per_step"] = n / steps
+    torch.cuda.synchronize()
+    sleep_ms = 500.0
+    torch.cuda._sleep(int(sleep_ms * 1000 * CYCLES_PER_US))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        pacer.all_reduce(x)
+        pacer.step()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    done = torch.cuda.Event()
+    done.record()
+    fig["host_ahead_of_busy_gpu"] = {
+        "steps": steps,
+        "host_ms": host_ms,
+        "gpu_sleep_ms_requested": sleep_ms,
+        "gpu_still_busy_after_the_steps": not done.query(),
+    }
+    torch.cuda.synchronize()
+    pacer.close()
 
 
 # -- steps of the check ------------------------------------------------------------------------
 
 
-def run_tests(fig_path: Path, log: list[str], timeout_s: int) -> dict[str, Any]:
+def run_logged(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str]) -> tuple[int, float]:
+    """Runs `cmd` from the checkout with its output appended to `log` as it comes (a kill of
+    this process keeps it); past `timeout_s` its whole process group is killed. Returns
+    (return code, 124 on timeout; seconds)."""
+    t0 = time.perf_counter()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        try:
+            rc = p.wait(timeout=max(timeout_s, 1.0))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            rc = 124
+            f.write(f"\nTIMEOUT after {timeout_s:.0f} s: killed\n")
+    return rc, round(time.perf_counter() - t0, 1)
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def run_tests(fig_path: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, GPUPACE_FIGURES=str(fig_path), PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
     junit = fig_path.with_suffix(".xml")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-rA",
-        "-p",
-        "no:cacheprovider",
-        "--timeout",
-        "120",
-        f"--junitxml={junit}",
-        "tests/gpu",
-    ]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(
-            cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
-        )
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
-    log.append(f"$ {' '.join(cmd)}\n{out}")
+    # 60 s a test: one hung test must leave time for the others.
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+           "--timeout", "60", f"--junitxml={junit}", "tests/gpu"]
+    rc, seconds = run_logged(cmd, log, timeout_s, env)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if junit.exists():
         text = junit.read_text(encoding="utf-8")
@@ -296,43 +354,25 @@ def run_tests(fig_path: Path, log: list[str], timeout_s: int) -> dict[str, Any]:
             r'<testsuite [^>]*errors="(\d+)" failures="(\d+)" skipped="(\d+)" tests="(\d+)"', text
         )
         if m:
-            e, f, s, t = map(int, m.groups())
-            counts = {"passed": t - e - f - s, "failed": f, "skipped": s, "errors": e}
-    return {"returncode": rc, "seconds": round(time.perf_counter() - t0, 1), **counts}
+            e, f, sk, t = map(int, m.groups())
+            counts = {"passed": t - e - f - sk, "failed": f, "skipped": sk, "errors": e}
+    return {"returncode": rc, "seconds": seconds, **counts}
 
 
-def run_bench_suite(out: Path, stem: str, log: list[str], timeout_s: int) -> dict[str, Any]:
-    if not (ROOT / "bench" / "__main__.py").exists():
-        return {"ran": False, "why": "bench/__main__.py is not there"}
+def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[str, Any]:
+    """`python -m bench --suite gpu --quick` (it writes its files after every benchmark),
+    packed into one tar: the GPU machine returns at most 8 files."""
     suite_dir = Path(tempfile.mkdtemp(prefix="gpupace-suite-"))
     cmd = [sys.executable, "-m", "bench", "--suite", "gpu", "--quick", "--out", str(suite_dir)]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(
-            cmd,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        text, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = f"{e.stdout or ''}{e.stderr or ''}\nTIMEOUT after {timeout_s} s", 124
-    log.append(f"$ {' '.join(cmd)}\n{text}")
+    rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
     files = sorted(q for q in suite_dir.rglob("*") if q.is_file())
     tar = out / f"{stem}-suite.tar"
     if files:
         with tarfile.open(tar, "w") as tf:
             for q in files:
                 tf.add(q, arcname=q.relative_to(suite_dir))
-    return {
-        "ran": True,
-        "returncode": rc,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "files": [q.name for q in files],
-        "tar": tar.name if files else None,
-    }
+    return {"ran": True, "returncode": rc, "seconds": seconds, "files": [q.name for q in files],
+            "tar": tar.name if files else None}
 
 
 def verdicts(fig: dict[str, Any]) -> dict[str, str]:
@@ -358,9 +398,15 @@ def verdicts(fig: dict[str, Any]) -> dict[str, str]:
     else:
         out["spin_error_p99"] = "not measured"
     syncs = fig.get("host_syncs_per_step")
-    out["host_syncs_per_step"] = (
-        "not measured" if syncs is None else f"{'met' if syncs == 0 else 'missed'}: {syncs}"
-    )
+    busy = fig.get("host_ahead_of_busy_gpu", {}).get("gpu_still_busy_after_the_steps")
+    if syncs is None:
+        out["host_syncs_per_step"] = "not measured"
+    else:
+        waited = " (but the host waited for a busy GPU)" if busy is False else ""
+        out["host_syncs_per_step"] = (
+            f"{'met' if syncs == 0 and busy is not False else 'missed'}: {syncs} torch syncs "
+            f"per step{waited}"
+        )
     return out
 
 
@@ -444,10 +490,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
     ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
-    ap.add_argument("--tests-timeout", type=int, default=150)
-    ap.add_argument("--suite-timeout", type=int, default=90)
+    ap.add_argument("--budget", type=float, default=300.0,
+                    help="seconds for the whole check; each phase gets at most what is left")
+    ap.add_argument("--tests-timeout", type=float, default=150.0)
+    ap.add_argument("--suite-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
 
+    # Before CUDA starts, for this process and its children: one hardware queue per stream (up
+    # to 32), so that independent streams (the virtual cluster's ranks, the pacing stream) are
+    # not serialised behind each other's waits. The default is 8. Recorded with the results.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     why = gpu_missing()
     if why:
         print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
@@ -455,54 +507,81 @@ def main(argv: list[str] | None = None) -> int:
     if ensure_installed():  # a fresh process sees the editable install
         os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])])
     t_start = time.perf_counter()
+
+    def left() -> float:
+        return args.budget - (time.perf_counter() - t_start)
+
+    # A hang in this process (a CUDA or NCCL wait) must not outlive the budget: dump every
+    # thread's stack and exit; the files written after each phase stay.
+    faulthandler.dump_traceback_later(args.budget + 30, exit=True)
     info = machine()
     stem = f"{info['date'][:10]}-{slug(info['gpu'])}"
     args.out.mkdir(parents=True, exist_ok=True)
-    log: list[str] = []
+    log = args.out / f"{stem}.log"
     fig_path = Path(tempfile.mkdtemp(prefix="gpupace-check-")) / "figures.json"
-    print(
-        f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
-        f"cupy {info['cupy']}); GPU tests...",
-        flush=True,
-    )
-    tests = run_tests(fig_path, log, args.tests_timeout)
-    print(f"  tests: {tests}", flush=True)
-    fig: dict[str, Any] = json.loads(fig_path.read_text()) if fig_path.exists() else {}
+    fig: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    res: dict[str, Any] = {"stem": stem, "machine": info, "tests": {"ran": False},
+                           "figures": fig, "bench_errors": errors,
+                           "bench_suite": {"ran": False}, "targets": TARGETS}
+
+    def save(phase: str) -> None:
+        res.update(verdicts=verdicts(fig), seconds=round(time.perf_counter() - t_start, 1),
+                   last_phase=phase)
+        write_results(res, args.out)
+
+    save("start")
+    print(f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
+          f"cupy {info['cupy']}), budget {args.budget:.0f} s; GPU tests...", flush=True)
+    res["tests"] = run_tests(fig_path, log, min(args.tests_timeout, left() - 60))
+    print(f"  tests: {res['tests']}\n{tail(log)}", flush=True)
+    if fig_path.exists():
+        fig.update(json.loads(fig_path.read_text(encoding="utf-8")))
+    save("tests")
     for name, fn in (
         ("tick_and_spin", bench_tick_and_spin),
         ("overhead", bench_overhead),
         ("syncs", bench_syncs),
     ):
+        if left() < 30:
+            errors[name] = f"not run: {left():.0f} s of the budget left"
+            continue
         print(f"  microbenchmark {name}...", flush=True)
         try:
             fn(fig)
         except Exception as e:  # one broken benchmark must not lose the others' figures
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"  {name} FAILED: {errors[name]}", flush=True)
-    suite = (
-        {"ran": False, "why": "--no-suite"}
-        if args.no_suite
-        else run_bench_suite(args.out, stem, log, args.suite_timeout)
-    )
-    res = {
-        "stem": stem,
-        "machine": info,
-        "tests": tests,
-        "figures": fig,
-        "bench_errors": errors,
-        "bench_suite": suite,
-        "targets": TARGETS,
-        "verdicts": verdicts(fig),
-        "seconds": round(time.perf_counter() - t_start, 1),
-    }
-    j, md = write_results(res, args.out)
-    (args.out / f"{stem}.log").write_text("\n\n".join(log), encoding="utf-8")
+        save(name)
+    if args.no_suite:
+        res["bench_suite"] = {"ran": False, "why": "--no-suite"}
+    elif left() < 30:
+        res["bench_suite"] = {"ran": False, "why": f"{left():.0f} s of the budget left"}
+    else:
+        print("  benchmark suite...", flush=True)
+        res["bench_suite"] = run_bench_suite(args.out, stem, log, min(args.suite_timeout, left() - 10))
+    save("done")
+    faulthandler.cancel_dump_traceback_later()
     print(markdown(res), flush=True)
-    print(f"wrote {j}, {md} in {res['seconds']} s", flush=True)
-    ok = tests["returncode"] == 0 and not errors
+    print(f"wrote {args.out / stem}.json, .md and .log in {res['seconds']} s", flush=True)
+    ok = res["tests"]["returncode"] == 0 and not errors
     return 0 if ok else 1
 
 
+def _close_nccl() -> None:
+    """Ends the process group the microbenchmarks made (their CUDA graphs are gone by now)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001 - the results are written; say it and go
+        print(f"device check: destroying the process group failed: {e}", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    _close_nccl()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: CUDA or NCCL finalisers must not hang the run

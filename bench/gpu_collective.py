@@ -18,7 +18,7 @@ from .harness import Harness, interleave
 
 SITES_PER_STEP = 8  # paced collectives per step (DDP buckets) that share one step update
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
-QUICK_SIZES = [4 << 10, 1 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 1 << 20, 64 << 20, 256 << 20]  # the range, its ends included
 GRAPH_TARGET_US, EAGER_TARGET_US = 3.0, 15.0
 NEEDS = (
     "cuda",
@@ -89,6 +89,9 @@ def bench_site(h: Harness) -> None:
         )
         pacer.close()
         lone.close()
+        # Graphs holding NCCL kernels must be gone before the process group is destroyed.
+        del g_plain, g_paced
+        torch.cuda.synchronize()
     case = {"size": "4KB", "sites_per_step": k}
     out = {}
     labels = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ def load():
 
 def test_skips_cleanly_without_cuda(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)  # main() sets it
     dc = load()
     assert dc.main(["--out", str(tmp_path / "res")]) == 0
     assert "SKIP" in capsys.readouterr().out
@@ -63,3 +65,41 @@ def test_result_files_and_verdicts(tmp_path):
     text = md.read_text()
     assert "Test GPU" in text and "| graph_1_sites | 1.00 | 2.00 | 3.00 |" in text
     assert dc.slug("NVIDIA H200") == "nvidia-h200"
+
+
+def test_a_phase_past_its_deadline_is_killed_and_keeps_its_output(tmp_path):
+    """The GPU tests and the suite run through `run_logged`: a hung one is killed with its
+    children at its deadline, and what it printed before is in the log."""
+    dc = load()
+    log = tmp_path / "check.log"
+    code = ("import subprocess, sys, time; print('measured 1.5 us', flush=True); "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('child', c.pid, flush=True); time.sleep(60)")
+    rc, seconds = dc.run_logged([sys.executable, "-c", code], log, 3.0, {})
+    text = log.read_text()
+    assert rc == 124 and seconds < 30
+    assert "measured 1.5 us" in text and "TIMEOUT after 3 s" in text
+    child = int(text.split("child ")[1].split()[0])
+    for _ in range(50):  # killed: gone, or a zombie until whoever adopted it reaps it
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the phase's child process {child} outlived the kill")
+    rc, _ = dc.run_logged([sys.executable, "-c", "print('ok')"], log, 30.0, {})
+    assert rc == 0 and log.read_text().rstrip().endswith("ok")
+
+
+def test_sync_verdict_needs_the_host_to_run_ahead_of_a_busy_gpu():
+    dc = load()
+    ahead = {"host_syncs_per_step": 0.0,
+             "host_ahead_of_busy_gpu": {"gpu_still_busy_after_the_steps": True}}
+    waited = {"host_syncs_per_step": 0.0,
+              "host_ahead_of_busy_gpu": {"gpu_still_busy_after_the_steps": False}}
+    assert dc.verdicts(ahead)["host_syncs_per_step"].startswith("met")
+    assert dc.verdicts(waited)["host_syncs_per_step"].startswith("missed")
+    assert "waited" in dc.verdicts(waited)["host_syncs_per_step"]
