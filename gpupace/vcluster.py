@@ -174,10 +174,13 @@ class VirtualCluster:
 
 
 def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: int = 20,
-                  device: int | None = None) -> dict[str, float]:
+                  warps: int = 16, device: int | None = None) -> dict[str, float]:
     """Compute throughput (TFLOP/s, bf16 matmuls on one stream) alone, while a barrier that
-    nobody else reaches spins on K CTAs on another stream (an early rank's NCCL kernel), and
-    while a one-warp spin of the same length runs instead (a paced rank). Synchronises."""
+    nobody else reaches spins on K CTAs of `warps` warps on another stream (an early rank's
+    NCCL kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the
+    same length runs instead (a paced rank). Also the coupling the simulator takes
+    (`gpupace.sim.presets.SPIN_COUPLING`): the fraction of throughput lost, 1 - with / alone.
+    Synchronises."""
     from gpupace.kernels import barrier, spin
 
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
@@ -205,7 +208,7 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
         flag = torch.zeros(1, dtype=torch.int32, device=dev)
         torch.cuda.synchronize(dev)
         with torch.cuda.stream(side):
-            barrier.barrier(count, 1 << 30, flag, clk, ctas=k, timeout_us=hold_us)
+            barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps, timeout_us=hold_us)
         out[f"matmul_with_{k}_cta_spin_tflops"] = flops / timed() / 1e12
         torch.cuda.synchronize(dev)
     delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
@@ -216,4 +219,7 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
         spin.spin(delay, applied, reads, clk, cap_us=hold_us)
     out["matmul_with_one_warp_spin_tflops"] = flops / timed() / 1e12
     torch.cuda.synchronize(dev)
+    alone = out["matmul_alone_tflops"]
+    out.update({k.replace("matmul_with_", "coupling_").replace("_tflops", ""): 1.0 - v / alone
+                for k, v in list(out.items()) if k.startswith("matmul_with_")})
     return out

@@ -37,18 +37,25 @@ def _barrier_kernel(count_ptr, target, timeout_ns, max_polls, flag_ptr, clk_ptr,
 
 
 def barrier(count: torch.Tensor, target: int, flag: torch.Tensor, clk: torch.Tensor, *,
-            ctas: int = 1, timeout_us: float = 100_000.0, clock: bool | None = None,
+            ctas: int = 1, warps: int = 1, timeout_us: float = 100_000.0,
+            max_polls: int | None = None, clock: bool | None = None,
             fake_tick: int = 1000) -> None:
-    """Arrives at the barrier `count` (int32 [1]) and spins on `ctas` programs until it reaches
-    `target` or `timeout_us` passes; a timeout sets `flag` (int32 [1]) to 1. `clk` as in
-    `spin.py` (the virtual clock on the clock-free path)."""
+    """Arrives at the barrier `count` (int32 [1]) and spins on `ctas` programs of `warps` warps
+    each until it reaches `target` or `timeout_us` passes; a timeout sets `flag` (int32 [1]) to
+    1. `clk` as in `spin.py` (the virtual clock on the clock-free path). NCCL's channels run
+    512 threads a CTA by default (NCCL_NTHREADS): `warps=16` spins like one of them.
+    `max_polls` bounds the polls should the clock stall (default: the timeout over 2 ns)."""
     if ctas < 1:
         raise ValueError(f"ctas must be >= 1, got {ctas}")
+    if warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"warps must be a power of two from 1 to 32, got {warps}")
     if not timeout_us > 0:
         raise ValueError(f"timeout_us must be positive, got {timeout_us}")
     timeout_ns = int(timeout_us * 1000)
     # A poll (a volatile load and a clock read) takes far more than MIN_READ_NS: this bound
     # only ever stops a wait whose clock has stalled.
-    max_polls = min(timeout_ns // MIN_READ_NS + 1000, 2**31 - 1)
+    if max_polls is None:
+        max_polls = timeout_ns // MIN_READ_NS + 1000
+    max_polls = min(max(int(max_polls), 0), 2**31 - 1)
     _barrier_kernel[(int(ctas),)](count, int(target), timeout_ns, max_polls, flag, clk,
-                                  int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=1)
+                                  int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=warps)

@@ -24,6 +24,16 @@ def test_barrier_times_out_instead_of_hanging(k):
     assert count.item() == 1 and flag.item() == 1
 
 
+def test_barrier_stops_when_its_clock_stalls(k):
+    """A clock that never advances (fake tick 0) never reaches the timeout: the poll bound
+    ends the wait, and the flag says it did not complete."""
+    count = torch.zeros(1, dtype=torch.int32)
+    flag = torch.zeros(1, dtype=torch.int32)
+    clk = torch.tensor([0, 1000], dtype=torch.int64)
+    k["barrier"].barrier(count, 5, flag, clk, timeout_us=1e6, max_polls=50, fake_tick=0)
+    assert count.item() == 1 and flag.item() == 1
+
+
 def test_barrier_checks_arguments(k):
     one = torch.zeros(1, dtype=torch.int32)
     clk = torch.zeros(2, dtype=torch.int64)
@@ -31,6 +41,8 @@ def test_barrier_checks_arguments(k):
         k["barrier"].barrier(one, 1, one, clk, ctas=0)
     with pytest.raises(ValueError, match="timeout"):
         k["barrier"].barrier(one, 1, one, clk, timeout_us=0.0)
+    with pytest.raises(ValueError, match="warps"):
+        k["barrier"].barrier(one, 1, one, clk, warps=3)
 
 
 def test_virtual_cluster_needs_cuda():
