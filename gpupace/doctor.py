@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -62,6 +64,8 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
     backends["device"] = {"supported": why is None, "why_not": why}
     info["backends"] = backends
 
+    info["warnings"] = warnings_for(os.environ)
+
     info["timer_tick_ns"] = None
     if cuda and measure_tick and info["triton"]:
         try:
@@ -71,6 +75,17 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
         except Exception as e:  # report it, do not crash the doctor
             info["timer_tick_error"] = f"{type(e).__name__}: {e}"
     return info
+
+
+def warnings_for(env: Mapping[str, str]) -> list[str]:
+    """Settings of this environment that work against pacing."""
+    out = []
+    if env.get("CUDA_DEVICE_MAX_CONNECTIONS", "").strip() == "1":
+        out.append("CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting): every stream shares one "
+                   "hardware queue, so compute queued after a paced collective may wait behind "
+                   "its spin-wait, and the delay meant for the collective holds back compute "
+                   "too (not yet measured on a GPU)")
+    return out
 
 
 def format_text(info: dict[str, Any]) -> str:
@@ -97,6 +112,7 @@ def format_text(info: dict[str, Any]) -> str:
                      else "not measured"))
     width = max(len(k) for k, _ in rows)
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines += [f"\n  warning: {w}" for w in info.get("warnings", [])]
     return "\n".join(lines)
 
 

@@ -134,6 +134,10 @@ class Pacer:
             with pacer.collective("grads", async_op=True) as issued:
                 work = dist.all_reduce(t, group=pacer.group, async_op=True)
                 issued(work)
+
+        On the device backend, allocate the collective's tensors before the block (one made
+        inside belongs to the pacing stream's memory pool) and wait on an async result from
+        your own stream (`work.wait()`), as without pacing.
         """
         if not self.enabled:
             yield lambda work=None: None

@@ -37,3 +37,12 @@ def test_doctor_reports_a_missing_package(capsys, monkeypatch):
     assert main(["doctor", "--json", "--no-tick"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["cupy"] is None and "cupy" in info["cupy_error"]
+
+
+def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    assert main(["doctor", "--no-tick"]) == 0
+    assert "warning: CUDA_DEVICE_MAX_CONNECTIONS=1" in capsys.readouterr().out
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []
