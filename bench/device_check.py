@@ -66,24 +66,34 @@ def ensure_installed() -> bool:
     checkout alone (no dependencies, no build isolation, no index); should that fail, link
     kernels/ into the package, which needs no pip (the GPU machine's copy is thrown away).
     True if it changed anything (the caller restarts the process to see it)."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("gpupace.kernels") is not None:
-            return False
-    except ImportError as e:  # gpupace itself does not import: say why, then try anyway
-        print(f"device check: gpupace does not import yet: {type(e).__name__}: {e}", flush=True)
+    if kernels_here():
+        return False
     print("device check: installing this checkout (pip install --no-deps -e .)", flush=True)
     try:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                        "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=120)
+                        "--no-build-isolation", "-e", str(ROOT)], check=True, timeout=60)
     except (subprocess.SubprocessError, OSError) as e:
+        print(f"device check: pip failed ({type(e).__name__}: {e})", flush=True)
+    if not kernels_here():  # pip failed, or an older checkout's install shadows this one
         link = ROOT / "gpupace" / "kernels"
-        print(f"device check: pip failed ({type(e).__name__}: {e}); linking {link} -> "
-              f"kernels/ instead", flush=True)
-        if not link.exists():
-            link.symlink_to(ROOT / "kernels", target_is_directory=True)
+        print(f"device check: linking {link} -> kernels/", flush=True)
+        if not os.path.lexists(link):
+            link.symlink_to(Path("..") / "kernels", target_is_directory=True)
     return True
+
+
+def kernels_here() -> bool:
+    """Whether `gpupace.kernels` imports from this checkout's kernels/ (not from another
+    checkout's editable install). Prints why not when gpupace itself does not import."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("gpupace.kernels")
+    except ImportError as e:
+        print(f"device check: gpupace does not import: {type(e).__name__}: {e}", flush=True)
+        return False
+    where = list(spec.submodule_search_locations or []) if spec else []
+    return bool(where) and Path(where[0]).resolve() == (ROOT / "kernels").resolve()
 
 
 def slug(text: str) -> str:
@@ -504,16 +514,23 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
         return 0
-    if ensure_installed():  # a fresh process sees the editable install
+    # The budget counts from the first start, across the restart after an install.
+    t_start = float(os.environ.setdefault("GPUPACE_CHECK_T0", str(time.time())))
+    restarted = os.environ.get("GPUPACE_CHECK_RESTARTED") == "1"
+    if restarted and not kernels_here():
+        print("device check: gpupace.kernels still does not import from this checkout after "
+              "the install; nothing measured.", flush=True)
+        return 2
+    if not restarted and ensure_installed():  # a fresh process sees the install
+        os.environ["GPUPACE_CHECK_RESTARTED"] = "1"
         os.execv(sys.executable, [sys.executable, str(Path(__file__).resolve()), *(argv or sys.argv[1:])])
-    t_start = time.perf_counter()
 
     def left() -> float:
-        return args.budget - (time.perf_counter() - t_start)
+        return args.budget - (time.time() - t_start)
 
     # A hang in this process (a CUDA or NCCL wait) must not outlive the budget: dump every
     # thread's stack and exit; the files written after each phase stay.
-    faulthandler.dump_traceback_later(args.budget + 30, exit=True)
+    faulthandler.dump_traceback_later(max(left(), 0.0) + 30, exit=True)
     info = machine()
     stem = f"{info['date'][:10]}-{slug(info['gpu'])}"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -526,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                            "bench_suite": {"ran": False}, "targets": TARGETS}
 
     def save(phase: str) -> None:
-        res.update(verdicts=verdicts(fig), seconds=round(time.perf_counter() - t_start, 1),
+        res.update(verdicts=verdicts(fig), seconds=round(time.time() - t_start, 1),
                    last_phase=phase)
         write_results(res, args.out)
 
@@ -561,7 +578,6 @@ def main(argv: list[str] | None = None) -> int:
         print("  benchmark suite...", flush=True)
         res["bench_suite"] = run_bench_suite(args.out, stem, log, min(args.suite_timeout, left() - 10))
     save("done")
-    faulthandler.cancel_dump_traceback_later()
     print(markdown(res), flush=True)
     print(f"wrote {args.out / stem}.json, .md and .log in {res['seconds']} s", flush=True)
     ok = res["tests"]["returncode"] == 0 and not errors
@@ -581,6 +597,7 @@ def _close_nccl() -> None:
 
 if __name__ == "__main__":
     code = main()
+    faulthandler.dump_traceback_later(20, exit=True)  # the teardown gets 20 s, no more
     _close_nccl()
     sys.stdout.flush()
     sys.stderr.flush()

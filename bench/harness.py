@@ -377,10 +377,14 @@ class Harness:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         paths = list(self.plots)
         base = self.out_dir / self.stem
-        with open(base.with_suffix(".csv"), "w", newline="", encoding="utf-8") as f:
+        # Each file written whole, then renamed: a kill mid-write (the device check's deadline)
+        # leaves the previous version, never a truncated one.
+        tmp = base.with_suffix(".csv.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=SCHEMA)
             w.writeheader()
             w.writerows(self.rows)
+        os.replace(tmp, base.with_suffix(".csv"))
         doc = {
             "suite": self.suite,
             "quick": self.quick,
@@ -391,9 +395,13 @@ class Harness:
             "plots": [p.name for p in self.plots],
             "extras": self.extras,
         }
-        with open(base.with_suffix(".json"), "w", encoding="utf-8") as f:
+        tmp = base.with_suffix(".json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(_json_safe(doc), f, indent=1)
-        base.with_suffix(".md").write_text(self.markdown(), encoding="utf-8")
+        os.replace(tmp, base.with_suffix(".json"))
+        tmp = base.with_suffix(".md.tmp")
+        tmp.write_text(self.markdown(), encoding="utf-8")
+        os.replace(tmp, base.with_suffix(".md"))
         paths += [base.with_suffix(s) for s in (".csv", ".json", ".md")]
         return paths
 

@@ -103,3 +103,13 @@ def test_sync_verdict_needs_the_host_to_run_ahead_of_a_busy_gpu():
     assert dc.verdicts(ahead)["host_syncs_per_step"].startswith("met")
     assert dc.verdicts(waited)["host_syncs_per_step"].startswith("missed")
     assert "waited" in dc.verdicts(waited)["host_syncs_per_step"]
+
+
+def test_the_install_check_knows_where_the_kernels_come_from():
+    """The device check installs the checkout unless `gpupace.kernels` already imports from
+    this checkout's kernels/ (here: the editable install of the test command)."""
+    import gpupace.kernels
+
+    dc = load()
+    here = Path(gpupace.kernels.__path__[0]).resolve() == (ROOT / "kernels").resolve()
+    assert dc.kernels_here() is here

@@ -71,7 +71,7 @@ class DeviceEngine:
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        self._fork: str | None = None  # "eager" or "capture" once `issue` forked the stream
+        self._fork: tuple[int, bool] | None = None  # (step generation, captured) of a fork
         self.max_sites = m = config.max_sites
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.cap_us = float(config.max_delay_us)
@@ -182,24 +182,36 @@ class DeviceEngine:
         capturing = self._check_capture()
         current = torch.cuda.current_stream(self.device)
         self._pace_stream.wait_stream(current)
-        self._fork = "capture" if capturing else "eager"
+        self._fork = (self.generation, capturing)
         try:
             with torch.cuda.stream(self._pace_stream):
                 yield
         except BaseException:
-            self._join()  # nothing left forked behind an error
+            try:
+                self._join(strict=False)  # nothing left forked behind an error
+            except Exception:  # noqa: BLE001 - a broken capture: the user's error matters
+                self._fork = None
             raise
         if sync:
             current.wait_stream(self._pace_stream)
 
-    def _join(self) -> None:
+    def _join(self, strict: bool = True) -> None:
         """Orders the current stream after the pacing stream, if a block forked it in this
-        step and in the same capture state: a capturing stream must not wait on an event
-        recorded outside its capture (CUDA invalidates the capture), so a fork left over
-        from an eager step is not joined inside one, nor one from a capture outside it."""
-        if self._fork is not None and (self._fork == "capture") == self._capturing():
-            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
-        self._fork = None
+        step. A capturing stream must not wait on an event recorded outside its capture (CUDA
+        invalidates the capture), nor an eager one on a captured fork: such a fork is dropped
+        when it is left over from an earlier step, and refused (`strict`) when it is this
+        step's, which means one graph captured the step's collectives and not its `step()`,
+        or the reverse."""
+        if self._fork is not None:
+            generation, captured = self._fork
+            self._fork = None
+            if captured == self._capturing():
+                torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
+            elif strict and generation == self.generation:
+                raise RuntimeError(
+                    "a CUDA graph captured this step's paced collectives but not pacer.step(), "
+                    "or pacer.step() but not the collectives: capture the whole step, "
+                    "collectives and step() together, in one graph")
 
     def leave(self, ticket: tuple[int, int], work=None) -> None:
         """After issuing a collective, inside `issue`: the exit stamp, queued behind the
