@@ -87,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
 
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.ranks \
             and torch.distributed.is_nccl_available() else "gloo"
+    from . import policy
     from .demo_worker import ms_per_unit, run_abba
 
+    # Once here, so that the ranks load the policy kernel from Numba's cache rather than
+    # all compiling it at once on a first run.
+    print("gpupace demo: loading the policy kernel (compiled once per machine: ~10 s the first "
+          "time)", file=sys.stderr, flush=True)
+    policy.prepare_fused()
     unit_ms = ms_per_unit()
     schedule = make_schedule(args.scenario, args.ranks, args.steps, args.straggle_ms, args.seed)
     config = PaceConfig(warmup_steps=min(10, args.steps // 8), telemetry_interval=20)

@@ -224,6 +224,25 @@ def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
     np.testing.assert_allclose(a[0].floor, b[0].floor)
 
 
+def test_prepare_fused_puts_small_jobs_on_the_fused_kernel(monkeypatch):
+    """Small updates use the NumPy reference until `prepare_fused` (which the host backend
+    calls when it starts) has the kernel ready, then the kernel: same numbers. The kernel's
+    outputs are Fortran-ordered, the reference's C-ordered: that tells the paths apart."""
+    import gpupace.policy as pol
+
+    monkeypatch.setattr(pol, "_fused_ready", False)
+    rng = np.random.default_rng(4)
+    params = PolicyParams.from_config(PACE, 8)
+    w, d, steps = rng.uniform(0, 3000, (8, 3)), np.zeros((8, 3)), np.full(8, 1e4)
+    before = update(params, init_state(8, 3), w, d, steps)[1]
+    assert before.earliness.flags.c_contiguous and not before.earliness.flags.f_contiguous
+    assert pol.prepare_fused() >= 0.0 and pol.prepare_fused() == 0.0  # the second: ready
+    after = update(params, init_state(8, 3), w, d, steps)[1]
+    assert after.earliness.flags.f_contiguous and not after.earliness.flags.c_contiguous
+    for name in ("earliness", "spread", "straggler", "delay", "valid"):
+        np.testing.assert_array_equal(getattr(before, name), getattr(after, name), err_msg=name)
+
+
 any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
 
 

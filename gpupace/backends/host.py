@@ -1,5 +1,6 @@
 """The host backend: `perf_counter_ns` stamps, a sleep-then-spin delay, one all_gather of the
-timing rows per step over the process group, and the NumPy policy.
+timing rows per step over the process group, and the policy (`gpupace.policy`, its fused kernel
+prepared when the engine starts).
 
 It serves CPU process groups (gloo) and GPUs without Triton/CuPy. On one host
 `perf_counter_ns` reads CLOCK_MONOTONIC, shared by all processes, which is what lets the tests
@@ -10,6 +11,7 @@ stamps across ranks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 import warnings
@@ -22,6 +24,8 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record
+
+log = logging.getLogger(__name__)
 
 # Sleep until this close to the deadline, then spin: Linux wakes a sleeping thread 50-100 us
 # late on this 2-core VM (measured), so the last 200 us are spun.
@@ -69,6 +73,11 @@ class HostEngine:
         self._warned_disagree = False
         self._gather_out = [torch.zeros(2 + 2 * self.max_sites, dtype=torch.float64)
                             for _ in range(world_size)]
+        # The fused policy kernel for every size: compiled or loaded now, not in the step loop.
+        seconds = policy.prepare_fused()
+        if seconds > 2.0:
+            log.info("gpupace: compiled the policy kernel in %.1f s (once per machine: cached "
+                     "on disk)", seconds)
 
     def _new_step(self) -> None:
         self.generation = getattr(self, "generation", -1) + 1  # exits of an older step are ignored
