@@ -80,6 +80,9 @@ def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = N
 
 
 def bench_policy(h: Harness) -> None:
+    from gpupace import policy
+
+    policy.prepare_fused()  # as the host backend does when it starts: every size fused
     worlds, sites = (WORLDS, SITES) if h.quick else (WORLDS_FULL, SITES_FULL)
     reps, warm = (30, 5) if h.quick else (400, 30)
     impls = implementations()
