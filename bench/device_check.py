@@ -491,8 +491,11 @@ def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = res["stem"]
     j, md = out / f"{stem}.json", out / f"{stem}.md"
-    j.write_text(json.dumps(res, indent=2, default=float) + "\n", encoding="utf-8")
-    md.write_text(markdown(res), encoding="utf-8")
+    # Written whole, then renamed: the watchdog's exit mid-write leaves the previous version.
+    for path, text in ((j, json.dumps(res, indent=2, default=float) + "\n"), (md, markdown(res))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
     return j, md
 
 
