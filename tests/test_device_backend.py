@@ -188,3 +188,23 @@ def test_engine_ignores_stale_and_surplus_sites(interp):
     eng.end_step(0, 0.0)
     eng.exit(t1)  # an exit from the previous step changes nothing
     assert eng.row[0] == 0
+
+
+@pytest.mark.parametrize("fork, capturing, generation, action", [
+    (None, False, 3, "drop"),  # no collective went through issue() this step
+    (None, True, 3, "drop"),
+    ((3, False), False, 3, "join"),  # eager step
+    ((3, True), True, 3, "join"),  # the whole step captured
+    ((2, False), True, 3, "drop"),  # an eager step's fork, never joined, met by a capture
+    ((2, True), False, 3, "drop"),  # a failed capture's fork, met by an eager step
+    ((3, False), True, 3, "refuse"),  # eager collectives, captured step()
+    ((3, True), False, 3, "refuse"),  # captured collectives, eager step()
+])
+def test_pacing_stream_join_never_crosses_a_capture_boundary(fork, capturing, generation,
+                                                             action):
+    """The device engine joins its pacing stream back at the end of a step only in the
+    capture state it was forked in: a capturing stream waiting on an uncaptured event (or the
+    reverse) is a CUDA error that invalidates the capture."""
+    from gpupace.backends.device import join_action
+
+    assert join_action(fork, capturing, generation) == action

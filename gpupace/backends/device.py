@@ -47,6 +47,18 @@ class WarmupError(RuntimeError):
     """A CUDA graph capture started before `warmup()`."""
 
 
+def join_action(fork: tuple[int, bool] | None, capturing: bool, generation: int) -> str:
+    """What `_join` does with the pacing stream's fork, (step generation, captured) or None:
+    "join" it (same capture state), "drop" it (none, or one left over from an earlier step in
+    the other state) or "refuse" it (this step's, in the other capture state)."""
+    if fork is None:
+        return "drop"
+    forked_at, captured = fork
+    if captured == capturing:
+        return "join"
+    return "refuse" if forked_at == generation else "drop"
+
+
 class DeviceEngine:
     """Times sites, applies delays and runs the policy on the device. Same interface as
     `HostEngine`, plus `warmup()`, `drain()` and `phase_times()`."""
@@ -202,16 +214,15 @@ class DeviceEngine:
         when it is left over from an earlier step, and refused (`strict`) when it is this
         step's, which means one graph captured the step's collectives and not its `step()`,
         or the reverse."""
-        if self._fork is not None:
-            generation, captured = self._fork
-            self._fork = None
-            if captured == self._capturing():
-                torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
-            elif strict and generation == self.generation:
-                raise RuntimeError(
-                    "a CUDA graph captured this step's paced collectives but not pacer.step(), "
-                    "or pacer.step() but not the collectives: capture the whole step, "
-                    "collectives and step() together, in one graph")
+        fork, self._fork = self._fork, None
+        action = join_action(fork, self._capturing(), self.generation)
+        if action == "join":
+            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
+        elif action == "refuse" and strict:
+            raise RuntimeError(
+                "a CUDA graph captured this step's paced collectives but not pacer.step(), "
+                "or pacer.step() but not the collectives: capture the whole step, "
+                "collectives and step() together, in one graph")
 
     def leave(self, ticket: tuple[int, int], work=None) -> None:
         """After issuing a collective, inside `issue`: the exit stamp, queued behind the
