@@ -508,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests-timeout", type=float, default=150.0)
     ap.add_argument("--suite-timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
+    for name in ("budget", "tests_timeout", "suite_timeout"):
+        if not getattr(args, name) > 0:
+            ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got "
+                     f"{getattr(args, name)}")
 
     # Before CUDA starts, for this process and its children: one hardware queue per stream (up
     # to 32), so that independent streams (the virtual cluster's ranks, the pacing stream) are

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +114,11 @@ def test_the_install_check_knows_where_the_kernels_come_from():
     dc = load()
     here = Path(gpupace.kernels.__path__[0]).resolve() == (ROOT / "kernels").resolve()
     assert dc.kernels_here() is here
+
+
+def test_a_budget_that_is_not_positive_is_refused(capsys):
+    dc = load()
+    with pytest.raises(SystemExit) as e:
+        dc.main(["--budget", "0"])
+    assert e.value.code == 2 and "--budget must be a positive number of seconds, got 0.0" in \
+        capsys.readouterr().err
