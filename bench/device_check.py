@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
 from bench.__main__ import gpu_missing  # noqa: E402
 from bench.gpu_common import CYCLES_PER_US  # noqa: E402
-from bench.harness import git_state, quantiles  # noqa: E402
+from bench.harness import git_state, quantiles, write_whole  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
@@ -491,11 +491,8 @@ def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = res["stem"]
     j, md = out / f"{stem}.json", out / f"{stem}.md"
-    # Written whole, then renamed: the watchdog's exit mid-write leaves the previous version.
-    for path, text in ((j, json.dumps(res, indent=2, default=float) + "\n"), (md, markdown(res))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+    write_whole(j, json.dumps(res, indent=2, default=float) + "\n")  # a kill leaves the last
+    write_whole(md, markdown(res))
     return j, md
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import io
 import json
 import math
 import os
@@ -377,14 +378,11 @@ class Harness:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         paths = list(self.plots)
         base = self.out_dir / self.stem
-        # Each file written whole, then renamed: a kill mid-write (the device check's deadline)
-        # leaves the previous version, never a truncated one.
-        tmp = base.with_suffix(".csv.tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=SCHEMA)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, base.with_suffix(".csv"))
+        table = io.StringIO(newline="")
+        w = csv.DictWriter(table, fieldnames=SCHEMA)
+        w.writeheader()
+        w.writerows(self.rows)
+        write_whole(base.with_suffix(".csv"), table.getvalue())
         doc = {
             "suite": self.suite,
             "quick": self.quick,
@@ -395,13 +393,8 @@ class Harness:
             "plots": [p.name for p in self.plots],
             "extras": self.extras,
         }
-        tmp = base.with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(_json_safe(doc), f, indent=1)
-        os.replace(tmp, base.with_suffix(".json"))
-        tmp = base.with_suffix(".md.tmp")
-        tmp.write_text(self.markdown(), encoding="utf-8")
-        os.replace(tmp, base.with_suffix(".md"))
+        write_whole(base.with_suffix(".json"), json.dumps(_json_safe(doc), indent=1))
+        write_whole(base.with_suffix(".md"), self.markdown())
         paths += [base.with_suffix(s) for s in (".csv", ".json", ".md")]
         return paths
 
@@ -456,6 +449,14 @@ class Harness:
         if self.plots:
             lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in self.plots]
         return "\n".join(lines) + "\n"
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Writes `text` to a temporary file beside `path`, then renames it over `path`: a kill
+    mid-write (the device check's deadlines) leaves the previous version, never half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8", newline="")
+    os.replace(tmp, path)
 
 
 def _fmt(v: float) -> str:
