@@ -128,15 +128,15 @@ class Pacer:
         """Paces the one collective issued inside the block: stamps arrival and waits this
         rank's delay on entry, then yields `issued(work)`, to call right after issuing it with
         its work handle (None for a synchronous collective); the exit is stamped when the work
-        completes. On the device backend the block runs on the pacing stream, so the delay
-        holds back the collective and not the compute after it.
+        completes. On the device backend an async block runs on the pacing stream, so the
+        delay holds back the collective and not the compute after it.
 
             with pacer.collective("grads", async_op=True) as issued:
                 work = dist.all_reduce(t, group=pacer.group, async_op=True)
                 issued(work)
 
-        On the device backend, allocate the collective's tensors before the block (one made
-        inside belongs to the pacing stream's memory pool) and wait on an async result from
+        On the device backend, allocate an async collective's tensors before the block (one
+        made inside belongs to the pacing stream's memory pool) and wait on its result from
         your own stream (`work.wait()`), as without pacing.
         """
         if not self.enabled:

@@ -1,9 +1,9 @@
 """The device backend: the whole measure -> decide -> delay loop on the GPU, with no host sync.
 
-Per paced collective, on the engine's pacing stream, forked from the stream that issues it
-(`issue`): `kernels.spin.enter` (arrive stamp, spin for this rank's delay, enter stamp) -> the
-collective -> `kernels.stamp.exit_stamp` (wait, step time, site count). The spin so delays the
-collective and not the compute queued after it. Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
+Per paced collective: `kernels.spin.enter` (arrive stamp, spin for this rank's delay, enter
+stamp) -> the collective -> `kernels.stamp.exit_stamp` (wait, step time, site count); an async
+collective's on the engine's pacing stream, forked from the stream that issues it (`issue`), so
+that the spin delays the collective and not the compute queued after it. Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
 Triton update (floors, hysteresis, next delays, telemetry ring, step counter). Everything lives
 in buffers made in the constructor, so a paced step can be captured in a CUDA graph after
 `warmup()`; replays then adapt the delays with no host involvement.
@@ -180,13 +180,14 @@ class DeviceEngine:
 
     @contextlib.contextmanager
     def issue(self, sync: bool) -> Iterator[None]:
-        """The block that arrives and issues a collective, run on the engine's pacing stream
-        after the work already queued on the current stream (the gradients): the spin then
-        holds back the collective, which NCCL orders after the stream it is issued on, and not
-        the compute that follows on the current stream. A synchronous collective's result is
-        awaited by the current stream when the block ends; an async one's by its future, and
-        `end_step` joins the pacing stream back (as a CUDA-graph capture requires)."""
-        if self._pace_stream is None:
+        """The block that arrives and issues a collective. An async one runs on the engine's
+        pacing stream after the work already queued on the current stream (the gradients): the
+        spin then holds back the collective, which NCCL orders after the stream it is issued
+        on, and not the compute that follows on the current stream; its result is awaited by
+        its future, and `end_step` joins the pacing stream back (as a CUDA-graph capture
+        requires). A synchronous one stays on the current stream: that stream waits for the
+        collective's end whatever precedes it, so a fork would only add launches."""
+        if self._pace_stream is None or sync:
             yield
             return
         # Before the fork: a capture refused for want of warm-up must not leave the pacing
@@ -204,8 +205,6 @@ class DeviceEngine:
             except Exception:  # noqa: BLE001 - a broken capture: the user's error matters
                 self._fork = None
             raise
-        if sync:
-            current.wait_stream(self._pace_stream)
 
     def _join(self, strict: bool = True) -> None:
         """Orders the current stream after the pacing stream, if a block forked it in this
