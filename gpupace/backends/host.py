@@ -73,8 +73,9 @@ class HostEngine:
         self._warned_disagree = False
         self._gather_out = [torch.zeros(2 + 2 * self.max_sites, dtype=torch.float64)
                             for _ in range(world_size)]
-        # The fused policy kernel for every size: compiled or loaded now, not in the step loop.
-        seconds = policy.prepare_fused()
+        # The fused policy kernel for every size: compiled or loaded now, not in the step loop
+        # (not at all when pacing is off: no update runs).
+        seconds = policy.prepare_fused() if config.mode != "off" else 0.0
         if seconds > 2.0:
             log.info("gpupace: compiled the policy kernel in %.1f s (once per machine: cached "
                      "on disk)", seconds)
