@@ -329,6 +329,45 @@ def test_fused_validity_shortcut_agrees_with_the_exact_test(bad):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
 
 
+@pytest.mark.parametrize("rank", [None, 0, 299])
+def test_fused_update_equals_the_reference_at_scale_with_broken_rows(rank):
+    """The hypothesis test above draws up to 7 ranks; this one runs 300 (the median's histogram
+    path, the validity shortcut over many rows) through 25 steps with broken values in some
+    steps and a whole matrix of NaN in others, comparing every output and the whole state."""
+    rng = np.random.default_rng(7 if rank is None else rank)
+    n, s = 300, 3
+    params = PolicyParams.from_config(PaceConfig(mode="pace", warmup_steps=1, on_steps=1,
+                                                 holdoff_factor=0.0, threshold_us=50.0,
+                                                 release_us=10.0), n)
+    fast, ref = init_state(n, s), init_state(n, s)
+    paced = False
+    for step in range(25):
+        w, d = 100 + rng.exponential(500, (n, s)), rng.uniform(0, 50, (n, s))
+        if step % 3 == 1:
+            w[rng.integers(0, n, 3), rng.integers(0, s, 3)] = [np.nan, -3.0, 2e9]
+        if step == 17:
+            w[:] = np.nan
+        steps = rng.normal(2e4, 300, n)
+        steps[rng.integers(0, n, 3)] = np.nan
+        fast, a = update(params, fast, w, d, steps, fused=True, rank=rank)
+        ref, b = update_reference(params, ref, w, d, steps, rank=rank)
+        for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
+                     "delay", "active"):
+            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
+                                       atol=1e-9, err_msg=f"{name}, step {step}")
+        assert a.cap_us == pytest.approx(b.cap_us)
+        for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
+            np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
+                                       err_msg=f"{name}, step {step}")
+        paced |= bool((b.delay > 0).any())
+    if rank is None:
+        assert paced  # the delay path ran, not only the statistics
+    else:  # its own rank's state learned, every other row as it started
+        others = np.arange(n) != rank
+        assert (ref.var[rank] >= 0).all() and (ref.var[others] == -1).all()
+        assert not ref.floor[others].any()
+
+
 def test_deadline_delay_shortens_by_lateness_and_never_lengthens():
     nan = float("nan")
     assert deadline_delay(300.0, nan, 7.0, 0.1) == (300.0, 7.0)  # arrival unknown: the plan
