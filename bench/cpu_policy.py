@@ -53,8 +53,8 @@ def implementations() -> dict[str, Callable]:
 
 def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = None):
     """Returns `step()`, one policy update (`fn` from `implementations()`, default the host
-    backend's) on fresh inputs with the state carried over, and the box holding the state; inputs are drawn up front so
-    the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
+    backend's) on fresh inputs with the state carried over, and the box holding the state;
+    inputs are drawn up front so the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
     from gpupace import PaceConfig, policy
 
     fn = implementations()["own_rank"] if fn is None else fn

@@ -187,8 +187,8 @@ def prepare_fused() -> float:
     """Makes the fused kernel ready in this process: compiles it (~9 s on the 2-core VM, the
     first time on a machine; Numba caches it on disk) or loads it from that cache (~0.5 s).
     From then on every update takes it, whatever the size: at 8 ranks x 4 sites an update
-    falls from ~0.4 ms (NumPy) to ~0.03-0.05 ms. The host backend calls it when it starts, so that no compile
-    lands inside the step loop. Returns the seconds it took (0 once ready)."""
+    falls from ~0.4 ms (NumPy) to ~0.03-0.05 ms. The host backend calls it when it starts, so
+    that no compile lands inside the step loop. Returns the seconds it took (0 once ready)."""
     global _fused_ready
     if _fused_ready:
         return 0.0

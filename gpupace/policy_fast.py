@@ -12,8 +12,8 @@ Costs on the 2-core VM at 4096 ranks x 4 sites, per update: ~25-35 us the first 
 read of the inputs, cold in a training loop), ~17 us the median of the step times, ~8 us
 the earliness and delay outputs, ~20 us of Python around the call. A pacer needs only its
 own rank's state (`only`), which shrinks the state pass to S elements: 83-112 us in an A/B
-loop against the every-rank update (the previous kernel: 96-133 us), 170 us p50 in
-bench/cpu_policy, whose NumPy reference between calls leaves every cache cold.
+loop against the every-rank update (the previous kernel: 96-133 us), 108-187 us p50 over four
+runs of bench/cpu_policy, whose NumPy reference between calls leaves every cache cold.
 """
 
 from __future__ import annotations

@@ -3,10 +3,11 @@
 Per paced collective: `kernels.spin.enter` (arrive stamp, spin for this rank's delay, enter
 stamp) -> the collective -> `kernels.stamp.exit_stamp` (wait, step time, site count); an async
 collective's on the engine's pacing stream, forked from the stream that issues it (`issue`), so
-that the spin delays the collective and not the compute queued after it. Once per step: one all_gather of the timing rows -> the CuPy reduction -> the fused
-Triton update (floors, hysteresis, next delays, telemetry ring, step counter). Everything lives
-in buffers made in the constructor, so a paced step can be captured in a CUDA graph after
-`warmup()`; replays then adapt the delays with no host involvement.
+that the spin delays the collective and not the compute queued after it. Once per step: one
+all_gather of the timing rows -> the CuPy reduction -> the fused Triton update (floors,
+hysteresis, next delays, telemetry ring, step counter). Everything lives in buffers made in the
+constructor, so a paced step can be captured in a CUDA graph after `warmup()`; replays then
+adapt the delays with no host involvement.
 
 Telemetry reaches the host lazily: every `COPY_EVERY` steps the ring is copied to pinned memory
 with a non-blocking copy, and parsed once its event has completed, so `end_step` returns the
