@@ -213,21 +213,33 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
     _check_rank(rank, n)
     # The kernel runs site-major on [S, N]: transposes of Fortran-ordered [N, S] arrays (no copy
     # once the state is in that order, as `init_state` makes it).
-    for name in ("floor", "calm", "mean", "var"):
-        setattr(state, name, np.asfortranarray(getattr(state, name)))
-    earliness, next_delay = np.empty((n, s), order="F"), np.empty((n, s), order="F")
-    valid = np.empty(n, dtype=bool)
-    spread, residual, transfer = np.empty(s), np.empty(s), np.empty(s)
-    straggler = np.empty(s, dtype=np.int64)
+    if not (state.floor.flags.f_contiguous and state.calm.flags.f_contiguous
+            and state.mean.flags.f_contiguous and state.var.flags.f_contiguous):
+        for name in ("floor", "calm", "mean", "var"):
+            setattr(state, name, np.asfortranarray(getattr(state, name)))
+    # The outputs in two blocks: earliness and next delays, [N, S] views of [2, S, N]; spread,
+    # residual and transfer, [3, S].
+    per_rank, per_site = np.empty((2, s, n)), np.empty((3, s))
+    valid, straggler = np.empty(n, dtype=bool), np.empty(s, dtype=np.int64)
     cap, state.step = fused_update(
-        *params, state.floor.T, state.calm.T, state.mean.T, state.var.T, state.active,
-        state.above, state.below, state.step, w, d,
-        step_us, earliness.T, next_delay.T, valid, spread, residual, straggler, transfer,
-        np.empty(n), -1 if rank is None else int(rank))
-    state.delay = next_delay
-    return StepStats(earliness=earliness, spread=spread, residual=residual, straggler=straggler,
-                     transfer=transfer, valid=valid, cap_us=float(cap), delay=next_delay,
-                     active=state.active.copy())
+        _as_array(params), state.floor.T, state.calm.T, state.mean.T, state.var.T,
+        state.active, state.above, state.below, state.step, w, d, step_us, per_rank, valid,
+        per_site, straggler, -1 if rank is None else int(rank))
+    state.delay = per_rank[1].T
+    return StepStats(earliness=per_rank[0].T, spread=per_site[0], residual=per_site[1],
+                     straggler=straggler, transfer=per_site[2], valid=valid, cap_us=float(cap),
+                     delay=state.delay, active=state.active.copy())
+
+
+_params_array: tuple[PolicyParams | None, np.ndarray] = (None, np.empty(0))
+
+
+def _as_array(params: PolicyParams) -> np.ndarray:
+    """`params` as the float64 array the kernel takes, made once per (immutable) params."""
+    global _params_array
+    if _params_array[0] is not params:
+        _params_array = (params, np.array(params, dtype=np.float64))
+    return _params_array[1]
 
 
 def _check_rank(rank: int | None, n_ranks: int) -> None:

@@ -10,10 +10,12 @@ test, four comparisons per value, cost ~20 us at 4096 x 4 and runs only when tha
 fails) and writes w + d into the earliness output, not a scratch matrix.
 Costs on the 2-core VM at 4096 ranks x 4 sites, per update: ~25-35 us the first pass (one
 read of the inputs, cold in a training loop), ~17 us the median of the step times, ~8 us
-the earliness and delay outputs, ~20 us of Python around the call. A pacer needs only its
-own rank's state (`only`), which shrinks the state pass to S elements: 83-112 us in an A/B
-loop against the every-rank update (the previous kernel: 96-133 us), 108-187 us p50 over four
-runs of bench/cpu_policy, whose NumPy reference between calls leaves every cache cold.
+the earliness and delay outputs, ~15-25 us of Python around the call (half of it Numba's
+dispatch on the arguments, cold: hence the packed ones). A pacer needs only its own rank's
+state (`only`), which shrinks the state pass to S elements. Per update, 108-187 us p50 over
+four runs of bench/cpu_policy (whose NumPy reference between calls leaves every cache cold);
+packing the arguments (35 -> 17) took 192 -> 176 us off a cold 4096 x 4 update and
+103 -> 77 us off an 8 x 4 one, in one A/B run with the NumPy reference between calls.
 """
 
 from __future__ import annotations
@@ -27,17 +29,23 @@ MODE_PACE = 2
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guard_us,
-                 max_delay_us, cap_fraction, floor_rise, floor_fall, holdoff_steps, safety_z,
-                 warmup_steps, floor, calm, mean, var, active, above, below, step, w, d,
-                 step_us, earliness, delay, valid, spread, residual, straggler, transfer,
-                 step_us_known, only):
+def fused_update(params, floor, calm, mean, var, active, above, below, step, w, d, step_us,
+                 per_rank, valid, per_site, straggler, only):
     """Updates the state (floor, calm, mean, var [S, N]; active, above, below [S]) in place
-    from the measurements (w, d [N, S], any strides; step_us [N]) and fills the outputs
-    (earliness, delay [S, N]; valid [N]; spread, residual, straggler, transfer [S]);
-    `step_us_known` [N] is scratch. With `only` >= 0, the state and delays of that rank alone
-    (a pacer's own); the other ranks' state rows stay as they were and their delays are 0.
-    Returns (cap, step + 1)."""
+    from the measurements (w, d [N, S], C-contiguous; step_us [N]) and fills the outputs
+    (per_rank [2, S, N]: earliness, then the next delays; valid [N]; per_site [3, S]: spread,
+    residual, transfer; straggler [S]). `params`: `PolicyParams` as float64 [14], in its
+    order. With `only` >= 0, the state and delays of that rank alone (a pacer's own); the
+    other ranks' state rows stay as they were and their delays are 0. Returns
+    (cap, step + 1). Few arguments, some packed: each one costs the call ~0.5-1 us of
+    Numba's type dispatch, cold, as it is once a training step."""
+    mode, threshold_us, release_us, on_steps, off_steps = params[0], params[1], params[2], \
+        params[3], params[4]
+    gain, guard_us, max_delay_us, cap_fraction = params[5], params[6], params[7], params[8]
+    floor_rise, floor_fall, holdoff_steps = params[9], params[10], params[11]
+    safety_z, warmup_steps = params[12], params[13]
+    earliness, delay = per_rank[0], per_rank[1]
+    spread, residual, transfer = per_site[0], per_site[1], per_site[2]
     n, s = w.shape
     # Pass 1, per site: a site-major copy of w + d (the rows arrive rank-major) and the
     # per-site extremes of w + d and of w over every rank. All ranks are valid on almost every
@@ -85,6 +93,7 @@ def fused_update(mode, threshold_us, release_us, on_steps, off_steps, gain, guar
     if mode != MODE_PACE:
         active[:] = False
 
+    step_us_known = np.empty(n)
     m = 0
     for i in range(n):
         x = step_us[i]
