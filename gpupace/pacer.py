@@ -60,6 +60,7 @@ class Pacer:
             raise ValueError("a process group was given but torch.distributed is not initialized")
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
+        self._alone = pg_backend == "none"  # built with no process group: one rank
         self.backend = self._pick_backend(backend, pg_backend)
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
             why = device_backend_missing()
@@ -118,6 +119,16 @@ class Pacer:
         if self.enabled and warm is not None:
             warm()
 
+    def check_group(self) -> None:
+        """Raises if this pacer was built before `torch.distributed.init_process_group` and a
+        group exists now: it took the job for one rank, so it would exchange nothing and its
+        DDP hook would divide the gradients by 1 instead of the world size."""
+        if self._alone and dist.is_available() and dist.is_initialized():
+            raise RuntimeError(
+                "this Pacer was built before torch.distributed.init_process_group, so it "
+                f"paces one rank, not the group's {dist.get_world_size()}; build the Pacer "
+                "after init_process_group")
+
     @property
     def enabled(self) -> bool:
         return self.config.mode != "off"
@@ -139,6 +150,7 @@ class Pacer:
         made inside belongs to the pacing stream's memory pool) and wait on its result from
         your own stream (`work.wait()`), as without pacing.
         """
+        self.check_group()
         if not self.enabled:
             yield lambda work=None: None
             return
@@ -177,6 +189,7 @@ class Pacer:
         """Ends a step: exchanges timing rows with every rank (one small all_gather), updates
         the delays of the next step and records telemetry. Call it on every rank, once per step,
         after the step's paced collectives have completed."""
+        self.check_group()
         self.steps += 1
         if not self.enabled:
             return None
@@ -220,6 +233,7 @@ class Pacer:
     def attach(self, ddp_model) -> None:
         """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`."""
         from .integrations.ddp import ddp_comm_hook
+        self.check_group()
         ddp_model.register_comm_hook(self, ddp_comm_hook)
 
     def close(self) -> None:

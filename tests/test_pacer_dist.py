@@ -131,6 +131,23 @@ def test_world_size_one_has_nothing_to_pace():
     assert pacer.summary()["steps"] == 5
 
 
+def test_a_pacer_built_before_the_process_group_refuses_to_run():
+    # Built first, it takes the job for one rank: its DDP hook would divide the gradients by 1.
+    pacer = Pacer(PaceConfig(mode="observe"))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        built_before = "built before torch.distributed.init_process_group"
+        with pytest.raises(RuntimeError, match=built_before):
+            pacer.attach(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1)))
+        with pytest.raises(RuntimeError, match=built_before), pacer.site("grads"):
+            pass
+        with pytest.raises(RuntimeError, match=built_before):
+            pacer.step()
+        Pacer(PaceConfig(mode="observe")).step()  # built after: runs
+    finally:
+        dist.destroy_process_group()
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="backend must be one of"):
         Pacer(backend="gpu")

@@ -20,6 +20,7 @@ from ..pacer import Pacer
 
 
 def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    pacer.check_group()  # the division below needs the group's world size
     tensor = bucket.buffer()
     tensor.div_(pacer.world_size)
     with pacer.collective(f"bucket{bucket.index()}", async_op=True) as issued:
