@@ -2,19 +2,23 @@
 
 Precedence for every field: an explicit argument, then the environment variable
 ``GPUPACE_<FIELD NAME IN CAPITALS>`` (read in the constructor, never at import), then the default.
-A field left at ``None`` means "not given".
+A field left at ``None`` means "not given". ``release_us`` defaults to half of ``threshold_us``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 MODES = ("off", "observe", "pace")
 ENV_PREFIX = "GPUPACE_"
+# GPUPACE_* variables that are not PaceConfig fields: the device check's and its tests'.
+OTHER_ENV = {"GPUPACE_CHECK_T0", "GPUPACE_CHECK_RESTARTED", "GPUPACE_COMMIT", "GPUPACE_FIGURES"}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,7 +31,7 @@ class PaceConfig:
 
     release_us: float | None = None
     """Arrival spread (us) below which pacing switches off, after `off_steps` consecutive steps.
-    Must not exceed `threshold_us` (hysteresis)."""
+    Must not exceed `threshold_us` (hysteresis); half of it when not given."""
 
     on_steps: int | None = None
     """Consecutive steps above `threshold_us` before pacing switches on (K)."""
@@ -90,13 +94,28 @@ class PaceConfig:
     in a step are timed for nobody and never delayed."""
 
     def __post_init__(self) -> None:
+        _warn_unknown_env()
+        from_env = {}
         for f in dataclasses.fields(self):
-            if getattr(self, f.name) is not None:
-                continue
-            env = os.environ.get(ENV_PREFIX + f.name.upper())
-            value = _parse_env(f.name, env) if env is not None else DEFAULTS[f.name]
-            object.__setattr__(self, f.name, value)
-        self._validate()
+            value = getattr(self, f.name)
+            if value is None:
+                env = os.environ.get(ENV_PREFIX + f.name.upper())
+                if env is not None:
+                    from_env[f.name] = env
+                    value = _parse_env(f.name, env)
+                elif f.name == "release_us":  # after threshold_us, which comes first
+                    value = self.threshold_us * RELEASE_FRACTION \
+                        if _is_number(self.threshold_us) else DEFAULTS[f.name]
+                else:
+                    value = DEFAULTS[f.name]
+            object.__setattr__(self, f.name, _plain(f.name, value))
+        try:
+            self._validate()
+        except ValueError as e:
+            if not from_env:
+                raise
+            given = ", ".join(f"{ENV_PREFIX}{k.upper()}={v!r}" for k, v in from_env.items())
+            raise ValueError(f"{e} (from the environment: {given})") from None
 
     def _validate(self) -> None:
         if self.mode not in MODES:
@@ -124,9 +143,8 @@ class PaceConfig:
         _check_int("ring_size", self.ring_size, 1)
         _check_int("max_sites", self.max_sites, 1)
         if self.telemetry_path is not None and not isinstance(self.telemetry_path, str):
-            raise ValueError(
-                f"telemetry_path must be a string or None, got {type(self.telemetry_path).__name__}"
-            )
+            raise ValueError(f"telemetry_path must be a string, a path or None, got "
+                             f"{type(self.telemetry_path).__name__}")
 
     def replace(self, **changes: Any) -> PaceConfig:
         """A copy with `changes` applied; fields not changed keep their resolved values."""
@@ -146,7 +164,7 @@ class PaceConfig:
 DEFAULTS: dict[str, Any] = {
     "mode": "pace",
     "threshold_us": 200.0,
-    "release_us": 100.0,
+    "release_us": 100.0,  # when threshold_us is not a number: its own check then fails
     "on_steps": 3,
     "off_steps": 20,
     "gain": 0.9,
@@ -167,6 +185,8 @@ DEFAULTS: dict[str, Any] = {
     "max_sites": 64,
 }
 
+RELEASE_FRACTION = 0.5  # release_us when not given, as a fraction of threshold_us
+
 _INT_FIELDS = {"holdoff_max", "on_steps", "off_steps", "warmup_steps", "telemetry_interval", "ring_size", "max_sites"}
 _STR_FIELDS = {"mode", "telemetry_path"}
 
@@ -180,6 +200,40 @@ def _parse_env(name: str, raw: str) -> Any:
     except ValueError:
         kind = "an integer" if name in _INT_FIELDS else "a number"
         raise ValueError(f"{var} must be {kind}, got {raw!r}") from None
+
+
+def _plain(name: str, value: Any) -> Any:
+    """NumPy scalars as Python numbers, a path as a string: what the checks and the JSON
+    header take."""
+    if name == "telemetry_path" and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    return float(value) if isinstance(value, numbers.Real) else value
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_env_checked = False
+
+
+def _warn_unknown_env() -> None:
+    """Once per process: a GPUPACE_* variable that names no field is most likely a typo that
+    would otherwise be ignored without a word."""
+    global _env_checked
+    if _env_checked:
+        return
+    _env_checked = True
+    fields = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PaceConfig)}
+    unknown = sorted(k for k in os.environ
+                     if k.startswith(ENV_PREFIX) and k not in fields | OTHER_ENV)
+    if unknown:
+        warnings.warn(f"gpupace: ignoring unknown environment variables {unknown}; the known "
+                      f"ones are {sorted(fields)}", RuntimeWarning, stacklevel=4)
 
 
 def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:

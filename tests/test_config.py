@@ -1,8 +1,11 @@
 """PaceConfig: defaults, environment overrides and their precedence, and clear errors."""
 
+import warnings
+
+import numpy as np
 import pytest
 
-from gpupace import PaceConfig
+from gpupace import PaceConfig, config
 from gpupace.config import DEFAULTS
 
 
@@ -52,8 +55,39 @@ def test_bad_env_value_names_the_variable(monkeypatch):
     with pytest.raises(ValueError, match="GPUPACE_OFF_STEPS must be an integer, got 'many'"):
         PaceConfig()
     monkeypatch.setenv("GPUPACE_OFF_STEPS", "-3")
-    with pytest.raises(ValueError, match="off_steps must be an integer >= 1, got -3"):
+    with pytest.raises(ValueError, match="off_steps must be an integer >= 1, got -3 "
+                       r"\(from the environment: GPUPACE_OFF_STEPS='-3'\)"):
         PaceConfig()
+    monkeypatch.setenv("GPUPACE_OFF_STEPS", "3")
+    monkeypatch.setenv("GPUPACE_MODE", "bogus")
+    with pytest.raises(ValueError, match="got 'bogus' .*GPUPACE_MODE='bogus'"):
+        PaceConfig()
+
+
+def test_release_follows_a_threshold_given_alone(monkeypatch):
+    assert PaceConfig(threshold_us=50.0).release_us == 25.0
+    assert PaceConfig().release_us == DEFAULTS["threshold_us"] / 2 == DEFAULTS["release_us"]
+    monkeypatch.setenv("GPUPACE_THRESHOLD_US", "80")
+    assert PaceConfig().release_us == 40.0
+    monkeypatch.setenv("GPUPACE_RELEASE_US", "10")
+    assert PaceConfig(threshold_us=50.0).release_us == 10.0
+
+
+def test_numpy_scalars_and_paths_are_taken_as_plain_values(tmp_path):
+    cfg = PaceConfig(ring_size=np.int64(10), gain=np.float32(0.5), telemetry_path=tmp_path / "t")
+    assert (cfg.ring_size, cfg.gain, cfg.telemetry_path) == (10, 0.5, str(tmp_path / "t"))
+    assert type(cfg.ring_size) is int and type(cfg.gain) is float
+
+
+def test_an_unknown_gpupace_variable_warns_once(monkeypatch):
+    monkeypatch.setattr(config, "_env_checked", False)
+    monkeypatch.setenv("GPUPACE_MAXDELAY_US", "5")
+    with pytest.warns(RuntimeWarning, match=r"unknown environment variables \['GPUPACE_MAXDELAY_US'\]"):
+        PaceConfig()
+    monkeypatch.setenv("GPUPACE_MODEE", "off")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PaceConfig()  # once per process
 
 
 def test_replace_keeps_resolved_values_and_rejects_unknown_fields():
