@@ -41,10 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     args = cmd.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError, TimeoutError, RuntimeError) as e:
-        # Bad input or a failed rank: the message (with a rank's traceback), not ours.
+    except (ValueError, OSError, TimeoutError, RuntimeError) as e:
+        # Bad input, a path that can't be written, or a failed rank: the message (with a
+        # rank's traceback), not ours.
         print(f"gpupace {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"gpupace {argv[0]}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

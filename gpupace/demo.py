@@ -28,6 +28,23 @@ from .launch import run_ranks
 
 SCENARIOS = ("persistent", "random", "locality", "mixed")
 WAITS = ("sleep", "spin")
+DEFAULT_STEPS = 160
+WARMUP_STEPS = 10
+STATS_STEPS = 20  # the fewest steps of a phase that its statistics may rest on
+MANY_RANKS = 6  # from here on the default steps grow with the ranks' holdoff
+
+
+def settle_steps(config: PaceConfig, ranks: int) -> int:
+    """Steps at the start of a phase before its fresh pacer can delay anyone: the warm-up, then
+    the longer of the hysteresis' switch-on and a rank's holdoff (its floor rises only after it
+    has not been late for that many steps). Both sides leave them out of their statistics, on
+    the same steps of the schedule, so that the comparison shows a settled pacer."""
+    holdoff = min(config.holdoff_max, math.ceil(config.holdoff_factor * ranks))
+    return config.warmup_steps + max(config.on_steps, holdoff)
+
+
+def min_steps(config: PaceConfig, ranks: int) -> int:
+    return 2 * (settle_steps(config, ranks) + STATS_STEPS)
 
 
 def make_schedule(scenario: str, world: int, steps: int, straggle_ms: float,
@@ -59,9 +76,10 @@ def make_schedule(scenario: str, world: int, steps: int, straggle_ms: float,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
-    p.add_argument("--steps", type=int, default=160,
+    p.add_argument("--steps", type=int, default=None,
                    help="training steps of each side, baseline and paced, in two phases "
-                   "each (default 160)")
+                   f"each (default {DEFAULT_STEPS}, more from {MANY_RANKS} ranks on: each "
+                   "phase needs room for the pacer to settle)")
     p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
     p.add_argument("--wait", choices=WAITS, default="sleep",
                    help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
@@ -80,13 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check(args)
-    backend = args.backend
-    if backend == "auto":
-        import torch
-
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= args.ranks \
-            and torch.distributed.is_nccl_available() else "gloo"
+    config = PaceConfig(warmup_steps=WARMUP_STEPS, telemetry_interval=20)
+    if args.steps is None:
+        args.steps = max(DEFAULT_STEPS, min_steps(config, args.ranks) + 2 * STATS_STEPS)
+    _check(args, config)
+    backend = _backend(args)
     from . import policy
     from .demo_worker import ms_per_unit, run_abba
 
@@ -97,51 +113,90 @@ def run(args: argparse.Namespace) -> int:
     policy.prepare_fused()
     unit_ms = ms_per_unit()
     schedule = make_schedule(args.scenario, args.ranks, args.steps, args.straggle_ms, args.seed)
-    config = PaceConfig(warmup_steps=min(10, args.steps // 8), telemetry_interval=20)
+    settle = settle_steps(config, args.ranks)
     print(f"gpupace demo: scenario {args.scenario}, {args.ranks} ranks ({backend}, "
           f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     results = run_ranks(run_abba, args.ranks, backend=backend, timeout_s=args.timeout,
                         schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
-                        batch=args.batch, seed=args.seed, config=config,
+                        batch=args.batch, seed=args.seed, config=config, stats_from=settle,
                         telemetry_dir=args.telemetry, scenario=args.scenario, show_progress=True)
-    result = comparison(args, backend, results[0])
+    result = comparison(args, backend, results[0], settle)
     print(format_table(result))
     print(f"({time.perf_counter() - t0:.1f} s; one unit of injected work measured at "
           f"{unit_ms * 1e3:.0f} us)", file=sys.stderr)
     if args.telemetry:
-        print(f"telemetry: {args.telemetry}/{{baseline,paced}}-{{1,2}}.jsonl  "
-              f"(gpupace report {args.telemetry} --out DIR)", file=sys.stderr)
+        files = Path(args.telemetry) / "{baseline,paced}-{1,2}.jsonl"
+        print(f"telemetry: {files}  (gpupace report {args.telemetry} --out DIR)",
+              file=sys.stderr)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2) + "\n")
     return 0
 
 
-def _check(args: argparse.Namespace) -> None:
-    if args.ranks < 1:
-        raise ValueError(f"--ranks must be >= 1, got {args.ranks}")
-    if args.steps < 40:
-        raise ValueError(f"--steps must be >= 40 (two phases, warm-up and statistics), "
-                         f"got {args.steps}")
+def _check(args: argparse.Namespace, config: PaceConfig) -> None:
+    if args.ranks < 2:
+        raise ValueError(f"--ranks must be >= 2 (pacing needs ranks to wait for each other), "
+                         f"got {args.ranks}")
+    need = min_steps(config, args.ranks)
+    if args.steps < need:
+        raise ValueError(
+            f"--steps must be >= {need} at {args.ranks} ranks, got {args.steps}: each of the two "
+            f"phases of a side needs {settle_steps(config, args.ranks)} steps for its pacer to "
+            f"settle (warm-up, then a holdoff of {config.holdoff_factor:g} steps a rank) and "
+            f"{STATS_STEPS} more for its statistics")
     if not (args.straggle_ms >= 0 and math.isfinite(args.straggle_ms)):
         raise ValueError(f"--straggle-ms must be a finite number >= 0, got {args.straggle_ms}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    _check_outputs(args)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Before the run, not after it: a bad path must not cost the results."""
+    if args.telemetry:
+        if Path(args.telemetry).exists() and not Path(args.telemetry).is_dir():
+            raise ValueError(f"--telemetry must be a directory, got the file {args.telemetry}")
+        Path(args.telemetry).mkdir(parents=True, exist_ok=True)
+    if args.json:
+        if Path(args.json).is_dir():
+            raise ValueError(f"--json must be a file path, got the directory {args.json}")
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _backend(args: argparse.Namespace) -> str:
+    """gloo or nccl; nccl only with one GPU per rank and a torch built with NCCL."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    nccl = gpus >= args.ranks and torch.distributed.is_nccl_available()
+    if args.backend == "nccl" and not nccl:
+        raise ValueError(f"--backend nccl needs one CUDA GPU per rank ({args.ranks}) and a torch "
+                         f"built with NCCL; this machine has {gpus} GPU(s), NCCL "
+                         f"{'available' if torch.distributed.is_nccl_available() else 'missing'}"
+                         "; use --backend gloo")
+    if args.backend == "auto":
+        return "nccl" if nccl else "gloo"
+    return args.backend
 
 
 KEYS = ("throughput", "step_time_mean", "step_time_cv", "step_time_p50", "step_time_p99",
-        "step_time_max", "spread_mean", "spread_p99", "delay_mean", "active_fraction",
-        "straggler_histogram", "wall_s", "steps")
+        "step_time_max", "spread_mean", "spread_p99", "entry_spread_mean", "entry_spread_p99",
+        "delay_mean", "active_fraction", "delayed_fraction", "straggler_histogram", "wall_s",
+        "steps")
 
 
-def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any]) -> dict[str, Any]:
+def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
+               settle: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "scenario": args.scenario, "world_size": args.ranks, "steps": args.steps,
         "wait": args.wait, "backend": backend, "batch_per_rank": args.batch, "seed": args.seed,
+        "stats_from_step": settle, "phase_steps": args.steps // 2,
         "units": "times in us, throughput in samples/s",
     }
     for side in ("baseline", "paced"):
@@ -157,21 +212,28 @@ ROWS = (  # label, key, scale, format
     ("step time p50 (ms)", "step_time_p50", 1e-3, "{:.2f}"),
     ("step time p99 (ms)", "step_time_p99", 1e-3, "{:.2f}"),
     ("step time CV", "step_time_cv", 1.0, "{:.3f}"),
+    # Natural arrivals (w + d): pacing cannot move them, it delays the entries after them.
     ("arrival spread mean (ms)", "spread_mean", 1e-3, "{:.2f}"),
     ("arrival spread p99 (ms)", "spread_p99", 1e-3, "{:.2f}"),
+    ("entry spread mean (ms)", "entry_spread_mean", 1e-3, "{:.2f}"),
+    ("entry spread p99 (ms)", "entry_spread_p99", 1e-3, "{:.2f}"),
     ("delay per rank-step (ms)", "delay_mean", 1e-3, "{:.2f}"),
-    ("pacing active (% of steps)", "active_fraction", 100.0, "{:.0f}"),
+    ("pacing on (% of steps)", "active_fraction", 100.0, "{:.0f}"),
+    ("steps with a delay (%)", "delayed_fraction", 100.0, "{:.0f}"),
 )
+NO_CHANGE_COLUMN = ("delay_mean", "active_fraction", "delayed_fraction")
 
 
 def format_table(r: dict[str, Any]) -> str:
     lines = [f"scenario {r['scenario']}, {r['world_size']} ranks, {r['backend']}, "
-             f"wait={r['wait']}, {r['steps']} steps",
+             f"wait={r['wait']}, {r['steps']} steps a side; statistics over steps "
+             f"{r['stats_from_step']}-{r['phase_steps'] - 1} of each phase (before them the "
+             "pacer settles)",
              f"{'':28}{'baseline':>12}{'paced':>12}{'change':>10}"]
     for label, key, scale, fmt in ROWS:
         b, p = r["baseline"][key] * scale, r["paced"][key] * scale
         change = f"{100 * (p / b - 1):+.1f}%" if b and math.isfinite(b) and math.isfinite(p) \
-            and key not in ("delay_mean", "active_fraction") else ""
+            and key not in NO_CHANGE_COLUMN else ""
         lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
     for side in ("baseline", "paced"):
         lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")

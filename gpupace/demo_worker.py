@@ -91,8 +91,9 @@ def build_model(seed: int) -> torch.nn.Module:
 
 def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
           units_per_ms: float, wait: str, batch: int, seed: int, config: PaceConfig,
-          telemetry_path: str | None, scenario: str, show_progress: bool) -> list[StepRecord]:
-    """Trains on `schedule`; returns this rank's telemetry records after the warm-up."""
+          telemetry_path: str | None, scenario: str, show_progress: bool,
+          stats_from: int) -> list[StepRecord]:
+    """Trains on `schedule`; returns this rank's telemetry records from step `stats_from` on."""
     device = torch.device(f"cuda:{rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
     model = build_model(seed).to(device)
     ddp = DDP(model, bucket_cap_mb=0.5, device_ids=[rank] if device.type == "cuda" else None)
@@ -126,7 +127,7 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
         pacer.close()
         if spinner is not None:
             spinner.close()
-    return [r for r in pacer.ring if r.step >= cfg.warmup_steps]
+    return [r for r in pacer.ring if r.step >= stats_from]
 
 
 PHASES = (("baseline", "observe", 0), ("paced", "pace", 0), ("paced", "pace", 1),

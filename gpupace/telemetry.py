@@ -289,6 +289,8 @@ def summarize(records: Iterable[StepRecord], world_size: int | None = None,
     st = st[np.isfinite(st) & (st > 0)]
     sp = np.array([r.spread_us for r in records], dtype=np.float64)
     sp = sp[np.isfinite(sp)]
+    entry = np.array([r.residual_us for r in records], dtype=np.float64)
+    entry = entry[np.isfinite(entry)]
     if world_size is None:
         world_size = max((len(r.earliness_us) for r in records), default=0)
     hist = [0] * world_size
@@ -305,7 +307,13 @@ def summarize(records: Iterable[StepRecord], world_size: int | None = None,
         "step_time_max": _stat(st, np.max),
         "spread_mean": _stat(sp, np.mean),
         "spread_p99": _stat(sp, np.percentile, 99),
+        # What pacing acts on: the spread of entries into the collective, after the delays.
+        "entry_spread_mean": _stat(entry, np.mean),
+        "entry_spread_p99": _stat(entry, np.percentile, 99),
+        # Hysteresis on; the floors may still be rising: `delayed_fraction` is when delays ran.
         "active_fraction": float(np.mean([r.active for r in records])) if records else 0.0,
+        "delayed_fraction": float(np.mean([max(r.delay_us, default=0.0) > 0.0
+                                           for r in records])) if records else 0.0,
         "delay_mean": float(np.mean([np.sum(r.delay_us) for r in records]) / max(world_size, 1))
         if records else 0.0,
         "straggler_histogram": hist,

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from gpupace.cli import main
 from gpupace.demo import SCENARIOS, make_schedule
@@ -12,27 +13,37 @@ from gpupace.telemetry import read_telemetry
 
 def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     out = tmp_path / "demo.json"
-    rc = main(["demo", "--ranks", "2", "--steps", "40", "--scenario", "persistent",
+    rc = main(["demo", "--ranks", "2", "--steps", "80", "--scenario", "persistent",
                "--straggle-ms", "4", "--json", str(out), "--telemetry", str(tmp_path / "tel"),
                "--timeout", "150"])
     assert rc == 0
     table = capsys.readouterr().out
     assert "baseline" in table and "paced" in table and "throughput" in table
     result = json.loads(out.read_text())
-    assert (result["scenario"], result["world_size"], result["steps"]) == ("persistent", 2, 40)
+    assert (result["scenario"], result["world_size"], result["steps"]) == ("persistent", 2, 80)
+    # Statistics from step 20 of each 40-step phase: a warm-up of 10, a holdoff of 5 x 2 ranks.
+    assert (result["stats_from_step"], result["phase_steps"]) == (20, 40)
+    assert "statistics over steps 20-39 of each phase" in table
     for side in ("baseline", "paced"):
+        assert result[side]["steps"] == 2 * 20
         for key in ("throughput", "step_time_cv", "step_time_p50", "step_time_p99",
-                    "spread_mean", "spread_p99"):
+                    "spread_mean", "spread_p99", "entry_spread_mean", "entry_spread_p99"):
             assert isinstance(result[side][key], float) and result[side][key] >= 0, (side, key)
         assert result[side]["throughput"] > 0
     assert result["baseline"]["delay_mean"] == 0.0  # observe mode never delays
+    assert result["baseline"]["delayed_fraction"] == 0.0
+    # Settled, the pacer delays the early rank (not on every step: a noisy step where it
+    # arrives last restarts its holdoff); the entries then come closer together than the
+    # natural arrivals, which pacing does not move.
+    assert result["paced"]["delayed_fraction"] > 0
+    assert result["paced"]["entry_spread_mean"] < result["paced"]["spread_mean"]
     # rank 1 carries the injected work: it is the last arrival on most steady steps
     hist = result["baseline"]["straggler_histogram"]
     assert hist[1] > hist[0]
     for label in ("baseline-1", "paced-1", "paced-2", "baseline-2"):  # the four phases
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
         assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
-        assert len(tel.records) == 20 and not tel.skipped
+        assert len(tel.records) == 40 and not tel.skipped
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -55,15 +66,34 @@ def test_schedule_scenarios_put_the_work_where_they_say():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--ranks", "0"], "--ranks must be >= 1, got 0"),
-        (["--steps", "30"], "--steps must be >= 40"),
+        (["--ranks", "1"], "--ranks must be >= 2 (pacing needs ranks to wait for each other)"),
+        (["--steps", "99"], "--steps must be >= 100 at 4 ranks, got 99"),
+        (["--ranks", "16", "--steps", "200"], "--steps must be >= 220 at 16 ranks"),
         (["--straggle-ms", "nan"], "--straggle-ms must be a finite number"),
         (["--batch", "0"], "--batch must be >= 1"),
+        (["--seed", "-1"], "--seed must be >= 0, got -1"),
     ],
 )
 def test_demo_bad_options_give_one_clear_error(argv, message, capsys):
     assert main(["demo", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    assert main(["demo", "--json", str(tmp_path)]) == 2
+    assert f"--json must be a file path, got the directory {tmp_path}" in capsys.readouterr().err
+    assert main(["demo", "--telemetry", str(a_file)]) == 2
+    assert f"--telemetry must be a directory, got the file {a_file}" in capsys.readouterr().err
+    assert main(["demo", "--json", str(a_file / "out.json")]) == 2  # a file as a parent
+    assert "gpupace demo: error:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
+def test_demo_refuses_nccl_without_gpus_before_spawning(capsys):
+    assert main(["demo", "--backend", "nccl"]) == 2
+    assert "--backend nccl needs one CUDA GPU per rank (4)" in capsys.readouterr().err
 
 
 def test_unknown_scenario_is_refused_by_argparse(capsys):
