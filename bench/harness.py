@@ -325,6 +325,8 @@ class Harness:
         c = Check(name, float(value), float(limit), unit, op, detail)
         self.checks.append(c)
         verdict = "MET" if c.met else "MISSED"
+        if self.quick:  # a smoke run's few samples: a hint, not a verdict
+            verdict += " (quick run: a few samples, indicative only)"
         print(
             f"TARGET {verdict}: {name}: {_fmt(c.value)} {unit} (target {op} {_fmt(limit)} {unit})"
             + (f"; {detail}" if detail else ""),
