@@ -23,8 +23,13 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     rc = main(["simulate", "--preset", "amplification", "--nodes", "1,2", "--steps", "120",
                "--seed", "3", "--json", str(js), "--plot", str(png), "--telemetry", str(tel)])
     assert rc == 0
-    out = capsys.readouterr().out
-    assert "gain %" in out and "oracle" in out
+    cap = capsys.readouterr()
+    out = cap.out
+    assert "gain vs none %" in out and "% of oracle gain" in out
+    assert "no coupling" not in out  # amplification has one
+    assert "\r" not in cap.err  # stderr is no terminal here: no carriage returns
+    oracle_rows = [ln.split() for ln in out.splitlines() if ln.split()[2:3] == ["oracle"]]
+    assert [r[-1] for r in oracle_rows] == ["100", "100"]  # percent, not a fraction
     doc = json.loads(js.read_text())
     assert set(doc) == {"preset", "rows"} and doc["preset"] == "amplification"
     assert len(doc["rows"]) == 6
@@ -33,6 +38,8 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     by = {(r["nodes"], r["policy"]): r for r in doc["rows"]}
     assert by[(2, "none")]["ranks"] == 16 and by[(2, "none")]["gain_pct"] == 0.0
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    # three panels (throughput, CV, gain over none): 15 x 4 inches at 100 dpi
+    assert int.from_bytes(png.read_bytes()[16:20], "big") == 1500
     t = read_telemetry(tmp_path / "sim-2-oracle.jsonl")
     assert t.header["source"] == "sim" and t.header["world_size"] == 16
     assert len(t.records) == 120 and not t.skipped
@@ -44,10 +51,52 @@ def test_cli_bad_parameter_is_one_clear_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--nodes" in err[0] and "[1, 4096]" in err[0]
     rc = main(["simulate", "--preset", "quiet", "--nodes", "2", "--steps", "1"])
-    assert rc == 2 and "steps" in capsys.readouterr().err
+    assert rc == 2 and "--steps" in capsys.readouterr().err
     rc = main(["simulate", "--preset", "quiet", "--nodes", "4096", "--steps", "100",
                "--telemetry", str(tmp_path / "t.jsonl")])
     assert rc == 2 and "--telemetry" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,option,expected", [
+    (["--nodes", "4,,8"], "--nodes", "'4,,8'"),
+    (["--nodes", "4,"], "--nodes", "'4,'"),
+    (["--steps", "3"], "--steps", "[50,"),
+    (["--steps", "0"], "--steps", "got 0"),
+    (["--seed", "-1"], "--seed", ">= 0"),
+])
+def test_cli_rejects_empty_nodes_short_runs_and_names_the_option(capsys, argv, option, expected):
+    rc = main(["simulate", "--preset", "quiet", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0].startswith(f"gpupace simulate: error: {option} ") and expected in err[0]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("option,value,expected", [
+    ("--json", "{dir}", "which is a directory"),
+    ("--telemetry", "{dir}", "which is a directory"),
+    ("--plot", "{dir}/sim.png", "which is a directory"),
+    ("--plot", "{dir}/out.txt", ".png"),
+    ("--json", "{file}/x.json", "not a writable directory"),
+])
+def test_cli_checks_output_paths_before_simulating(tmp_path, capsys, option, value, expected):
+    (tmp_path / "sim.png").mkdir()
+    (tmp_path / "file").write_text("a file, not a folder\n")
+    path = value.format(dir=tmp_path, file=tmp_path / "file")
+    # ten million steps at 64 nodes would run for days: only a check before it returns
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "64", "--steps", "10000000",
+               option, path])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert f"{option} must" in err[0] and repr(path) in err[0] and expected in err[0]
+
+
+def test_cli_creates_missing_output_folders(tmp_path):
+    js, png = tmp_path / "a" / "b" / "t.json", tmp_path / "c" / "t.svg"
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "50",
+               "--json", str(js), "--plot", str(png)])
+    assert rc == 0 and json.loads(js.read_text())["preset"] == "quiet"
+    assert png.read_text().lstrip().startswith("<?xml")
 
 
 def test_telemetry_round_trip_matches_the_result(tmp_path):
@@ -88,6 +137,9 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     assert rc == 0
     rows = json.loads(js.read_text())["rows"]
     assert [r["ranks"] for r in rows] == [8, 8, 8, 32, 32, 32]
+    out = capsys.readouterr().out
+    note = [ln for ln in out.splitlines() if "no coupling" in ln]
+    assert len(note) == 1 and "coupling=0.2" in note[0] and "Why pacing can raise" in note[0]
 
 
 def test_fit_reads_jitter_as_noise(tmp_path):

@@ -3,13 +3,15 @@
     gpupace simulate --preset paper --nodes 4,8,16,32,64 --json out.json --plot out.png
 
 Prints, per node count and policy: throughput, step-time CV, p99, gain over `none` in %, and
-that gain as a fraction of the oracle's. Progress goes to stderr.
+that gain in % of the oracle's. Progress goes to stderr (one line at a time on a terminal).
+Output paths are checked before the simulation starts, which can take minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,9 +21,12 @@ from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import Scenario
-from .simulate import KEEP_SITES_LIMIT, SimResult
+from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, SimResult
 from .table import finite, format_table, plot_table, scaling_table
 
+# The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
+# default) and 20 more measured steps at the least.
+MIN_STEPS = 50
 STUDY = ("study (PAPER.md): 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
          "8200 -> 9100 samples/s (+11.0%)")
 
@@ -36,11 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated node counts (default 4,8,16,32,64)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
     parser.add_argument("--steps", type=int, default=2000,
-                        help="steps per run; figures use the second half (default 2000)")
+                        help=f"steps per run, at least {MIN_STEPS}; figures use the second half "
+                             "(default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the table as JSON")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
-                        help="plot throughput and CV against nodes")
+                        help="plot throughput, CV and gain against nodes (any format "
+                             "matplotlib writes: .png, .pdf, .svg, ...)")
     parser.add_argument("--telemetry", metavar="PATH", default=None,
                         help="write simulated telemetry (JSON lines); {nodes} and {policy} in "
                              "PATH give one file per run, else PATH holds the gpupace run at "
@@ -50,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def parse_nodes(text: str) -> list[int]:
     """'4,8,16' -> [4, 8, 16]; ValueError naming the parameter and the allowed range."""
     try:
-        nodes = [int(t) for t in text.split(",") if t.strip()]
+        nodes = [int(t) for t in text.split(",")]  # an empty item ('4,,8') fails here
     except ValueError:
         nodes = []
     if not nodes or any(not 1 <= n <= 4096 for n in nodes):
@@ -59,12 +66,56 @@ def parse_nodes(text: str) -> list[int]:
     return nodes
 
 
-def run(args: argparse.Namespace) -> int:
+def check_output(option: str, path: str) -> None:
+    """ValueError naming `option` unless `path` can be written as a file: not a directory,
+    and its nearest existing parent a writable directory (the missing ones are created)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option} must be a file path, got {path!r}, which is a directory")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{option} must be a path whose folder can be created and written, "
+                         f"got {path!r} ({parent} is not a writable directory)")
+
+
+def check_plot(path: str) -> None:
+    """ValueError naming --plot unless matplotlib writes `path`'s extension."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = sorted(FigureCanvasBase.get_supported_filetypes())
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext not in formats:
+        raise ValueError(f"--plot must end in a format matplotlib writes "
+                         f"({', '.join('.' + f for f in formats)}), got {path!r}")
+    check_output("--plot", path)
+
+
+def check_arguments(args: argparse.Namespace) -> list[int]:
+    """Every argument, outputs included, before minutes of simulation; returns the nodes."""
     nodes = parse_nodes(args.nodes)
     if not 1 <= args.gpus_per_node <= 64:
         raise ValueError(f"--gpus-per-node must be an integer in [1, 64], got {args.gpus_per_node}")
+    if not MIN_STEPS <= args.steps <= MAX_STEPS:
+        raise ValueError(f"--steps must be an integer in [{MIN_STEPS}, {MAX_STEPS}] (the figures "
+                         f"use the second half, after the policy's warm-up), got {args.steps}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.from_telemetry and args.preset:
         raise ValueError("give --preset or --from-telemetry, not both")
+    if args.json:
+        check_output("--json", args.json)
+    if args.plot:
+        check_plot(args.plot)
+    if args.telemetry:
+        check_output("--telemetry", args.telemetry.replace("{nodes}", "1")
+                     .replace("{policy}", "none"))
+    return nodes
+
+
+def run(args: argparse.Namespace) -> int:
+    nodes = check_arguments(args)
     if args.from_telemetry:
         fit = fit_telemetry(args.from_telemetry)
         name = fit.scenario(1, args.gpus_per_node).name
@@ -72,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         def make(n: int) -> Scenario:
             return fit.scenario(n, args.gpus_per_node)
         print(f"fitted from {args.from_telemetry}: {json.dumps(fit.to_dict())}")
+        for note in fit.notes:
+            print(f"fit: {note}")
     else:
         name = args.preset or "paper"
 
@@ -98,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     rows = scaling_table(make, nodes, steps=args.steps, seed=args.seed,
                          progress=_Progress(), on_result=on_result)
-    print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
+    if sys.stderr.isatty():  # clears the progress line; a log keeps its lines as they are
+        print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     print(f"preset {name}, {args.gpus_per_node} GPUs per node, {args.steps} steps, seed {args.seed}"
           f" ({time.perf_counter() - t0:.1f} s)")
     print(format_table(rows))
     if name == "paper":
         print(STUDY)
+    if biggest.coupling == 0.0:
+        print(no_coupling_note(name))
     if "res" in keep_last:
         write_telemetry(keep_last["res"], tel)
     if args.json:
@@ -116,6 +172,16 @@ def run(args: argparse.Namespace) -> int:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_table(rows, args.plot, title=f"gpupace simulate --preset {name}")
     return 0
+
+
+def no_coupling_note(name: str) -> str:
+    """Why none, gpupace and oracle agree on an uncoupled scenario, and how to add a coupling."""
+    return (f"note: {name} has no coupling (Scenario.coupling = 0): without one, pacing cannot "
+            "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties "
+            "(DESIGN.md, 'Why pacing can raise throughput'). No telemetry file shows a "
+            "coupling; to assume one, use Python: fit_telemetry(path).scenario(nodes, "
+            "coupling=0.2, paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see "
+            "--preset amplification.")
 
 
 class _Progress:
