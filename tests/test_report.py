@@ -98,6 +98,7 @@ def test_mixed_names_several_modes_and_the_locality_ranks(sim_dir):
     loc = next(m for m in d.modes if m.mode == "locality")
     assert sorted(loc.ranks) == sorted(res.slow_ranks)
     assert 0.9 < sum(m.share for m in d.modes) <= 1.0 + 1e-9
+    assert sum(m.share for m in d.modes) + d.summary["unattributed_share"] == pytest.approx(1.0)
 
 
 def test_too_few_steps_is_not_enough_evidence():
@@ -185,7 +186,8 @@ def test_truncated_and_corrupt_lines_give_a_partial_report(sim_dir, tmp_path, ca
     rc, cap = _report(tmp_path, capsys, damaged)
     assert rc == 0, cap.err
     doc = json.loads((tmp_path / "out" / "findings.json").read_text())
-    assert doc["summary"]["skipped_lines"] == 2 and doc["summary"]["steps"] == 199
+    summary = doc["runs"][0]["summary"]
+    assert summary["skipped_lines"] == 2 and summary["steps"] == 199
     page = (tmp_path / "out" / "report.html").read_text()
     assert "2 lines skipped" in page and "line 101: JSONDecodeError" in page and "line 202" in page
 
@@ -203,9 +205,11 @@ def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert "report.html" in cap.out and "findings.json" in cap.out
     doc = json.loads((out / "findings.json").read_text())
-    assert set(doc) >= {"summary", "modes", "runs"}
+    # One entry per run; nothing at the top level stands for one run alone
+    assert set(doc) >= {"runs", "comparisons", "lost_time_definition"}
+    assert not {"summary", "modes"} & set(doc)
     assert [r["summary"]["label"] for r in doc["runs"]] == ["baseline", "paced"]
-    assert doc["summary"]["label"] == "baseline"
+    assert [r["label"] for r in doc["runs"]] == ["baseline", "paced"]
     for run in doc["runs"]:
         assert {m["mode"] for m in run["modes"]} == set(MODES)
         for m in run["modes"]:

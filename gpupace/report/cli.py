@@ -1,7 +1,9 @@
 """`gpupace report RUN.jsonl [MORE.jsonl ...] --out DIR [--json]`: reads telemetry files (a
 real job's, `gpupace demo`'s, the simulator's; several rank files of one run, or a baseline
 and a paced run), diagnoses each run and writes DIR/report.html with its PNG plots, and with
-`--json` DIR/findings.json. Progress goes to stderr, the written paths to stdout."""
+`--json` DIR/findings.json. Progress goes to stderr; to stdout, a headline per run (who is late,
+the leading cause), its lost time and split, a line per paced-vs-baseline comparison, then the
+written paths."""
 
 from __future__ import annotations
 
@@ -9,10 +11,12 @@ import argparse
 import json
 from pathlib import Path
 
-from .diagnose import diagnose
+from .compare import cli_line
+from .diagnose import LOST_DEFINITION, diagnose
 from .html import findings, render
 from .load import load_runs, stderr_progress
 from .plots import make_all
+from .text import headline, lost_line, split_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,15 +41,18 @@ def run(args: argparse.Namespace) -> int:
     plots = make_all(runs, diags, out, progress)
     page = out / "report.html"
     page.write_text(render(runs, diags, plots, out), encoding="utf-8")
+    doc = findings(runs, diags)
+    for d in diags:  # the answer first: who is late and why, then what it cost
+        print(headline(d))
+        if "lost_fraction" in d.summary:
+            print(f"  {lost_line(d)}")
+            print(f"  {split_line(d)}")
+    for comp in doc["comparisons"]:
+        print(cli_line(comp))
+    print(f"({LOST_DEFINITION})")
     print(page)
     if args.json:
         path = out / "findings.json"
-        path.write_text(json.dumps(findings(runs, diags), indent=1) + "\n", encoding="utf-8")
+        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         print(path)
-    for run_, d in zip(runs, diags, strict=True):
-        s = d.summary
-        lost = f"lost {100 * s['lost_fraction']:.1f}%" if "lost_fraction" in s else "no verdict"
-        named = [f"{m.mode} {100 * m.share:.0f}% ({m.verdict})" for m in d.modes
-                 if m.verdict != "not enough evidence"]
-        print(f"{run_.label}: {lost}; " + (", ".join(named) or "no mode with enough evidence"))
     return 0

@@ -1,10 +1,17 @@
 """Failure-mode diagnosis: splits the time a run lost against an ideal step between the
 study's four failure modes, each with a share, a confidence, its evidence and its ranks.
 
-Method (clock-free telemetry only; warm-up steps left out):
+Method (clock-free telemetry only; warm-up steps left out, here and in every figure and
+count of the report):
 - Ideal step: the 5th percentile of step times (the fastest step the job repeats, not one
-  lucky step) less the steady offset of persistently late ranks (every step pays it, so no
-  percentile removes it). Lost time = sum over steps of (step time - ideal).
+  lucky step) less the steady offset of a persistently late rank, the percentile taken over
+  the steps that paid it (the rank late by at least half of it): no percentile removes an
+  offset that most steps pay. It is what a step would take without the late rank's
+  handicap, so it can lie below every measured step.
+- Lost time = sum over steps of max(step time - ideal, 0); the lost fraction is that over
+  the total measured step time (the share of the run's time the ideal would have saved),
+  so it stays between 0 and 100%. Of each step's loss, locality takes up to the offset on
+  the steps that paid it, and the rest is split below.
 - locality: each rank's lateness behind the median rank; a rank late by a steady offset in
   most steps is a locality rank, and every step loses the largest such offset.
 - Each step's remaining excess over the 5th percentile is split between the arrival spread
@@ -18,8 +25,12 @@ Method (clock-free telemetry only; warm-up steps left out):
   - transfer part: fabric_contention, except the jump between two separated transfer
     levels (a communication-bound regime switching on and off), which is runtime_jitter.
 - Confidence = signature strength (late rank rotating; steady offset; transfer varying,
-  correlated in time, independent of arrivals; heavy tail or regimes) x enough steps x a
-  share worth naming. Below 0.3, or under 0.5% of time lost: "not enough evidence".
+  correlated in time, independent of arrivals; heavy tail or regimes) x enough steps
+  (sqrt(steps / 200): a signature's standard error shrinks as the square root of the steps)
+  x a share worth naming. Below MIN_CONFIDENCE (0.3), or under 0.5% of the time lost, the
+  verdict is "not enough evidence" and the mode's time goes to "unattributed": the split
+  above only says where the time would go if the mode were real (`candidate_share`), and a
+  mode without its signature gets 0%.
 Limits: one transfer figure per collective (the slowest link sets it for every rank), so
 fabric contention cannot be tied to a node group from one job's telemetry; spread growing
 with world size needs several runs (`scaling`).
@@ -34,25 +45,21 @@ from typing import Any
 
 import numpy as np
 
+from .advice import action
 from .load import Run
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
-ACTIONS = {
-    "sync_amplification": "pace the early ranks (gpupace PaceConfig(mode='pace')): a different "
-    "rank is late each step and every rank waits for it",
-    "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of ranks {ranks} "
-    "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
-    "fabric_contention": "look at the topology: congested links or switches (oversubscribed "
-    "uplinks, other jobs on the same leaf); topology-aware placement, NCCL algorithm/channel "
-    "tuning",
-    "runtime_jitter": "find the noisy service: heavy-tailed stalls or regime switches come from "
-    "the runtime (OS daemons, allocator, kernel launches, data loading); isolate cores, "
-    "pre-allocate memory, capture CUDA graphs",
-}
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
 FULL_STEPS = 200  # steps for full confidence
-MIN_LOST = 0.005  # fraction of the ideal time below which nothing is worth naming
+MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth naming
+# Attribution threshold: a mode below it is "not enough evidence" and its time is counted
+# as unattributed. 0.3 is the verdict threshold ("possible"), so that every mode with a
+# share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
+CLEAR_LAST = 0.01  # a step's last rank counts when the spread is above this x the median step
+LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
+                   "5th-percentile step less the steady lateness of a persistently late rank), "
+                   "summed, as a share of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
 
@@ -62,13 +69,14 @@ class ModeFinding:
     """One failure mode's part of the lost time."""
 
     mode: str
-    share: float  # of the run's lost time, 0..1
+    share: float  # of the run's lost time attributed to it, 0..1 (0 below MIN_CONFIDENCE)
     confidence: float  # 0..1
     evidence: dict[str, Any]
     ranks: list[int]
     verdict: str = "not enough evidence"  # "likely", "possible" or "not enough evidence"
     action: str = ""
-    lost_us: float = 0.0  # total over the run
+    lost_us: float = 0.0  # attributed, total over the run
+    candidate_share: float = 0.0  # what the split gave it before the confidence check
 
 
 @dataclass(slots=True)
@@ -236,6 +244,41 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def measured(run: Run) -> np.ndarray:
+    """The steps every figure and count of the report uses: past the warm-up, with a step
+    time (the first step has none)."""
+    st = run.step_time
+    return np.isfinite(st) & (st > 0) & (run.step >= run.warmup_steps)
+
+
+def clear_last(run: Run) -> np.ndarray:
+    """Measured steps whose last arrival is known and means something: the spread is above
+    CLEAR_LAST of the median step (with no spread the 'last' rank is an arbitrary tie)."""
+    ok = measured(run)
+    st = run.step_time[ok]
+    thr = CLEAR_LAST * float(np.median(st)) if st.size else 0.0
+    return ok & (run.straggler >= 0) & (run.straggler < run.world_size) \
+        & (np.nan_to_num(run.spread) > thr)
+
+
+def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | None:
+    """The rank most often last: how often (of the measured steps with a clear last rank) and
+    by how much (its median lateness behind the median rank). `persistent` when it is last in
+    at least half of them and twice as often as chance. None when no step has a clear last."""
+    keep = clear_last(run)
+    if not keep.any():
+        return None
+    hist = np.bincount(run.straggler[keep], minlength=run.world_size)
+    r = int(np.argmax(hist))
+    frac = float(hist[r] / hist.sum())
+    if offset is None:
+        offset = locality_offsets(run, measured(run))[0]
+    behind = float(offset[r]) if r < offset.size else float("nan")
+    return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
+            "steps_with_clear_last": int(keep.sum()), "behind_median_us": behind,
+            "persistent": bool(frac >= max(0.5, 2.0 / max(run.world_size, 1)))}
+
+
 def diagnose(run: Run) -> Diagnosis:
     """The diagnosis of one run. Never raises on odd data: too little of it gives
     "not enough evidence" everywhere, with the reason in the summary."""
@@ -246,14 +289,15 @@ def diagnose(run: Run) -> Diagnosis:
 
 def _diagnose(run: Run) -> Diagnosis:
     st_all = run.step_time
-    ok = np.isfinite(st_all) & (st_all > 0) & (run.step >= run.warmup_steps)
+    ok = measured(run)
     n = int(ok.sum())
     summary: dict[str, Any] = {"label": run.label, "steps": run.steps, "measured_steps": n,
                                "warmup_steps_left_out": run.warmup_steps,
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
         summary["note"] = f"only {n} measured steps (need {MIN_STEPS}): not enough evidence"
-        return Diagnosis(summary, [ModeFinding(m, 0.0, 0.0, {}, [], action=_action(m, []))
+        return Diagnosis(summary, [ModeFinding(m, 0.0, 0.0, {}, [],
+                                               action=action(m, [], run.comm_backend))
                                    for m in MODES])
     st = st_all[ok]
     spread_raw, xfer_raw = aligned_spread(run), aligned_transfer(run)
@@ -270,13 +314,31 @@ def _diagnose(run: Run) -> Diagnosis:
     loc_ranks = [int(r) for r in np.argsort(-offset) if loc_mask[r]]
     loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
 
-    # -- ideal and lost time
-    p5 = _p(st, 5)
+    summary["late_rank"] = late_rank(run, offset)
+
+    # -- ideal and lost time. The steps that paid the steady offset: those in which the
+    # locality rank was late by at least half of it (all steps when there is none). The 5th
+    # percentile is taken over them, so that a step in which the late rank happened to be on
+    # time does not stand for the ideal with its offset then taken off a second time.
+    paying = np.ones(n, dtype=bool)
+    if loc_ranks:
+        e = run.earliness[ok]
+        ref = np.nanmedian(e, axis=1) if e.shape[1] > 2 else np.nanmax(e, axis=1)
+        late0 = ref - e[:, loc_ranks[0]]
+        paying = ~np.isfinite(late0) | (late0 >= 0.5 * loc_us)
+    p5 = _p(st[paying], 5)
+    loc_us = min(loc_us, p5)  # an offset longer than the step cannot be its cost
     ideal = p5 - loc_us
-    excess = np.maximum(st - p5, 0.0)
-    lost_total = float(excess.sum() + n * loc_us)
+    lost_step = np.maximum(st - ideal, 0.0)
+    loc_part = np.where(paying, np.minimum(lost_step, loc_us), 0.0)
+    excess = lost_step - loc_part  # what the spread and the transfer split
+    lost_total = float(lost_step.sum())
+    measured_total = float(st.sum())
     summary.update(ideal_step_us=ideal, p5_step_us=p5, median_step_us=p50,
-                   lost_us=lost_total, lost_fraction=lost_total / (n * ideal) if ideal > 0 else 0.0)
+                   mean_step_us=measured_total / n, steady_offset_us=loc_us,
+                   offset_paid_fraction=float(paying.mean()), lost_us=lost_total,
+                   lost_fraction=lost_total / measured_total if measured_total > 0 else 0.0,
+                   lost_definition=LOST_DEFINITION)
 
     # -- split each step's excess between the spread and the transfer
     a = np.maximum(spread - _p(spread, 5), 0.0)
@@ -311,14 +373,12 @@ def _diagnose(run: Run) -> Diagnosis:
     coupling = coupling_index(run)
     spike_loss = float(spread_part[spike].sum())
     lost = {
-        "locality": n * loc_us,
+        "locality": float(loc_part.sum()),
         "sync_amplification": float(spread_part[body].sum()) + coupling * spike_loss,
         "runtime_jitter": (1.0 - coupling) * spike_loss + float((xfer_part * jit_frac).sum()),
         "fabric_contention": float((xfer_part * (1.0 - jit_frac)).sum()),
     }
-    summary["unattributed_us"] = unexplained
-    summary["unattributed_share"] = unexplained / lost_total if lost_total > 0 else 0.0
-    size = min(1.0, n / FULL_STEPS)
+    size = min(1.0, math.sqrt(n / FULL_STEPS))
 
     # -- signatures and evidence
     late_steps = body & (a > 0)
@@ -379,23 +439,34 @@ def _diagnose(run: Run) -> Diagnosis:
             "runtime_jitter": (jit_sig, jit_ev, jit_ranks)}
     worth = summary["lost_fraction"] >= MIN_LOST
     if not worth:
-        summary["note"] = (f"lost {100 * summary['lost_fraction']:.2f}% of the ideal time "
+        summary["note"] = (f"lost {100 * summary['lost_fraction']:.2f}% of the measured time "
                            f"(< {100 * MIN_LOST:.1f}%): nothing worth diagnosing")
     findings = []
+    low_confidence = 0.0
     for mode in MODES:
         sig, ev, ranks = sigs[mode]
-        share = lost[mode] / lost_total if lost_total > 0 else 0.0
-        ev = dict(ev, lost_us_per_step=lost[mode] / n)
-        conf = float(np.clip(sig, 0, 1) * size * min(1.0, share / 0.1)) if worth else 0.0
+        candidate = lost[mode] / lost_total if lost_total > 0 else 0.0
+        ev = dict(ev, candidate_lost_us_per_step=lost[mode] / n)
+        conf = float(np.clip(sig, 0, 1) * size * min(1.0, candidate / 0.1)) if worth else 0.0
         verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
                    else "not enough evidence")
-        action = _action(mode, ranks)
+        attributed = lost[mode] if verdict != "not enough evidence" else 0.0
+        if not attributed:  # the time stays unattributed: no evidence, no share
+            low_confidence += lost[mode]
+        act = action(mode, ranks, run.comm_backend)
         paced = float(run.active[ok].mean())
         if mode == "sync_amplification" and paced > 0.1:
-            action = (f"pacing was on for {100 * paced:.0f}% of the steps: this is what it left; "
+            act = (f"pacing was on for {100 * paced:.0f}% of the steps: this is what it left; "
                       "compare with an unpaced baseline, and tune threshold_us and gain")
-        findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict, action, lost[mode]))
-    findings.sort(key=lambda f: (-f.share, MODES.index(f.mode)))
+        share = attributed / lost_total if lost_total > 0 else 0.0
+        findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict, act, attributed,
+                                    candidate))
+    unattributed = unexplained + low_confidence
+    summary.update(unattributed_us=unattributed,
+                   unattributed_share=unattributed / lost_total if lost_total > 0 else 0.0,
+                   unexplained_us=unexplained, low_confidence_us=low_confidence,
+                   attribution_threshold=MIN_CONFIDENCE)
+    findings.sort(key=lambda f: (-f.share, -f.candidate_share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
 
 
@@ -405,8 +476,8 @@ def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
     one is late on any step). None with fewer than two distinct sizes."""
     rows = []
     for run, d in zip(runs, diags, strict=True):
-        sp = aligned_spread(run)[run.step >= run.warmup_steps]
-        st = run.step_time[np.isfinite(run.step_time)]
+        ok = measured(run)
+        sp, st = aligned_spread(run)[ok], run.step_time[ok]
         if sp.size == 0 or st.size == 0:
             continue
         amp = next((m.share for m in d.modes if m.mode == "sync_amplification"), 0.0)
@@ -420,8 +491,3 @@ def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
     by = [np.median([r["spread_p50_us"] for r in rows if r["world_size"] == w]) for w in sizes]
     grows = bool(all(b > a for a, b in zip(by[:-1], by[1:], strict=True)))
     return {"rows": rows, "spread_grows_with_world_size": grows}
-
-
-def _action(mode: str, ranks: list[int]) -> str:
-    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
-    return ACTIONS[mode].format(ranks=shown or "(none named)")

@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 
 from ..telemetry import summarize
-from .diagnose import Diagnosis, _clean, scaling
+from .compare import CHANGES, change, comparisons, fmt_change, pairs
+from .diagnose import LOST_DEFINITION, MIN_CONFIDENCE, Diagnosis, _clean, measured, scaling
 from .load import Run
+from .text import headline, lost_line, split_line
 
 SUMMARY_ROWS = (  # key, label, scale, format
-    ("steps", "steps", 1, "{:.0f}"),
+    ("steps", "steps read", 1, "{:.0f}"),
     ("warmup_steps_left_out", "warm-up steps left out", 1, "{:.0f}"),
+    ("measured_steps", "measured steps (all figures)", 1, "{:.0f}"),
     ("throughput", "throughput", 1, "{:,.1f}"),
     ("step_time_mean", "step time mean (ms)", 1e-3, "{:.2f}"),
     ("step_time_cv", "step time CV", 1, "{:.3f}"),
@@ -34,7 +37,8 @@ SUMMARY_ROWS = (  # key, label, scale, format
     ("spread_p99", "arrival spread p99 (ms)", 1e-3, "{:.2f}"),
     ("active_fraction", "pacing on (fraction of steps)", 1, "{:.2f}"),
     ("delay_mean", "delay per rank per step (ms)", 1e-3, "{:.3f}"),
-    ("lost_fraction", "lost against the ideal step", 100, "{:.1f}%"),
+    ("lost_fraction", "time lost (share of the measured time)", 100, "{:.1f}%"),
+    ("unattributed_share", "of which unattributed", 100, "{:.0f}%"),
     ("ideal_step_us", "ideal step (ms)", 1e-3, "{:.2f}"),
     ("skipped_lines", "unreadable lines skipped", 1, "{:.0f}"),
 )
@@ -74,21 +78,29 @@ def _records_view(run: Run) -> list[Any]:
                        residual_us=float(run.residual[k]), transfer_us=float(run.transfer[k]),
                        straggler=int(run.straggler[k]), active=bool(run.active[k]),
                        delay_us=[float(delay_sum[k])])
-            for k in range(run.steps) if run.step[k] >= run.warmup_steps]
+            for k in np.flatnonzero(measured(run))]
 
 
 def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
-    """findings.json: the first run's `summary` and `modes` at the top, every run in `runs`."""
-    per_run = []
+    """findings.json: one entry per run in `runs` (its label, headline, summary and modes, in
+    the order given), the paced-vs-baseline `comparisons`, and `scaling` across world sizes
+    when the runs have several. Nothing at the top level describes one run alone."""
+    per_run, sums = [], []
     for run, d in zip(runs, diags, strict=True):
-        per_run.append({"summary": run_summary(run, d),
+        sums.append(run_summary(run, d))
+        per_run.append({"label": run.label, "headline": headline(d), "summary": sums[-1],
                         "modes": d.to_dict()["modes"]})
-    out = dict(per_run[0])
-    out["runs"] = per_run
+    out: dict[str, Any] = {"lost_time_definition": LOST_DEFINITION,
+                           "attribution_threshold": MIN_CONFIDENCE,
+                           "runs": per_run, "comparisons": comparisons(runs, sums)}
     scale = scaling(list(runs), list(diags))
     if scale is not None:
         out["scaling"] = scale
     return _clean(out)
+
+
+def _change(key: str, base: Any, other: Any) -> str:
+    return fmt_change(key, change(key, base, other)) if key in CHANGES else ""
 
 
 def _fmt(v: Any, scale: float, fmt: str) -> str:
@@ -121,20 +133,32 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
                          f"lines skipped; this report covers the {r.steps} readable steps"
                          f"</summary><ul>{more}{extra}</ul></details>")
 
+    parts.append("<h2>Headline</h2><ul>"
+                 + "".join(f"<li><b>{esc(headline(d))}</b></li>" for d in diags) + "</ul>")
+
+    comps = pairs(runs)
     parts.append("<h2>Summary</h2><table><tr><th class='l'></th>"
-                 + "".join(f"<th>{esc(r.label)}</th>" for r in runs) + "</tr>")
+                 + "".join(f"<th>{esc(r.label)}</th>" for r in runs)
+                 + "".join(f"<th>change: {esc(runs[j].label)} vs {esc(runs[i].label)}</th>"
+                           for i, j in comps) + "</tr>")
     for key, label, scale, fmt in SUMMARY_ROWS:
         cells = []
         for s in sums:  # a real run without samples_per_step in its header counts steps
             unit = f" {s.get('throughput_unit', 'steps/s')}" if key == "throughput" else ""
             cells.append(f"<td>{_fmt(s.get(key), scale, fmt)}{unit}</td>")
+        for i, j in comps:
+            v = _change(key, sums[i].get(key), sums[j].get(key))
+            cells.append(f"<td>{esc(v)}</td>")
         parts.append(f"<tr><td class='l'>{esc(label)}</td>{''.join(cells)}</tr>")
-    parts.append("</table>")
+    parts.append("</table><p><small>Every figure covers the measured steps: the warm-up "
+                 "steps the header names are left out. Changes: relative (%) for times and "
+                 "throughput, in percentage points (pts) for fractions.</small></p>")
 
-    parts.append("<h2>Diagnosis</h2><p>Time lost against the ideal step (the fastest step the "
-                 "job repeats, less any steady offset of late ranks), split between the "
-                 "study's four failure modes. Below a confidence of 0.3 the verdict is "
-                 "<i>not enough evidence</i>.</p>")
+    parts.append(f"<h2>Diagnosis</h2><p>{esc(LOST_DEFINITION.capitalize())}; it is split "
+                 "between the study's four failure modes. A mode below a confidence of "
+                 f"{MIN_CONFIDENCE} is <i>not enough evidence</i> and gets no share: the "
+                 "time the split would give it (its candidate share) counts as "
+                 "unattributed.</p>")
     for run, d in zip(runs, diags, strict=True):
         parts.append(_diagnosis_html(run, d))
 
@@ -163,16 +187,14 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
 def _diagnosis_html(run: Run, d: Diagnosis) -> str:
     esc = html.escape
     s = d.summary
-    head = f"<h3>{esc(run.label)}</h3>"
+    head = f"<h3>{esc(run.label)}</h3><p><b>{esc(headline(d))}</b></p>"
     if "lost_fraction" in s:
-        head += (f"<p>Ideal step {s['ideal_step_us'] / 1e3:.2f} ms; the run lost "
-                 f"{100 * s['lost_fraction']:.1f}% against it"
-                 f" ({100 * s.get('unattributed_share', 0):.0f}% of that unattributed).</p>")
+        head += f"<p>{esc(lost_line(d))}.<br>{esc(split_line(d))}.</p>"
     if s.get("note"):
         head += f"<p class='warn'>{esc(s['note'])}</p>"
-    rows = ["<table><tr><th class='l'>mode</th><th>share</th><th>confidence</th>"
-            "<th class='l'>verdict</th><th class='l'>ranks</th><th class='l'>evidence</th>"
-            "<th class='l'>suggested action</th></tr>"]
+    rows = ["<table><tr><th class='l'>mode</th><th>share</th><th>candidate share</th>"
+            "<th>confidence</th><th class='l'>verdict</th><th class='l'>ranks</th>"
+            "<th class='l'>evidence</th><th class='l'>suggested action</th></tr>"]
     for m in d.modes:
         cls = {"likely": "likely", "possible": "possible"}.get(m.verdict, "none")
         ev = "; ".join(f"{esc(k)} {esc(_short(v))}" for k, v in m.evidence.items()
@@ -180,9 +202,15 @@ def _diagnosis_html(run: Run, d: Diagnosis) -> str:
         ranks = ", ".join(map(str, m.ranks[:12])) + (" ..." if len(m.ranks) > 12 else "")
         action = esc(m.action) if m.verdict != "not enough evidence" else ""
         rows.append(f"<tr><td class='l'>{esc(m.mode)}</td><td>{100 * m.share:.0f}%</td>"
+                    f"<td>{100 * m.candidate_share:.0f}%</td>"
                     f"<td>{m.confidence:.2f}</td><td class='l {cls}'>{esc(m.verdict)}</td>"
                     f"<td class='l'>{esc(ranks)}</td><td class='l'><small>{ev}</small></td>"
                     f"<td class='l'><small>{action}</small></td></tr>")
+    if "unattributed_share" in s:
+        rows.append(f"<tr><td class='l'>unattributed</td>"
+                    f"<td>{100 * s['unattributed_share']:.0f}%</td><td></td><td></td>"
+                    "<td class='l none'>modes below the threshold, and excess with no spread "
+                    "or transfer excess</td><td></td><td></td><td></td></tr>")
     rows.append("</table>")
     return head + "".join(rows)
 

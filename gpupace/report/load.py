@@ -85,6 +85,22 @@ class Run:
         return int(v) if isinstance(v, (int, float)) and v > 0 else 0
 
     @property
+    def comm_backend(self) -> str:
+        """The collective backend the run used, for wording advice: "nccl", "gloo", "mpi",
+        "sim", or "" when the telemetry does not say. Read from the header's
+        `process_group_backend` when a writer records it (the Pacer does not yet); else a
+        simulated run is "sim", and a run whose torch is a CPU-only build ("+cpu") used gloo
+        (such a build has no NCCL, and MPI needs a source build)."""
+        for key in ("process_group_backend", "backend"):
+            v = self.header.get(key)
+            if isinstance(v, str) and v.lower() in ("nccl", "gloo", "mpi"):
+                return v.lower()
+        if self.header.get("source") == "sim":
+            return "sim"
+        torch_version = str((self.header.get("versions") or {}).get("torch", ""))
+        return "gloo" if torch_version.endswith("+cpu") else ""
+
+    @property
     def gpus_per_node(self) -> int | None:
         """Ranks per node when the header says (the simulator's scenario, or a
         `gpus_per_node` entry a job added), else None."""

@@ -1,7 +1,9 @@
 """The report's plots, as PNG files (matplotlib, Agg backend: no display needed).
 
-Each function draws one figure for one or several runs and returns its file name. Long
-runs are reduced to at most `MAX_POINTS` bins (median line, min-max band) so that a million
+Each function draws one figure for one or several runs and returns its file name.
+Distributions and counts (CDF, heatmap, straggler histogram, lost time) cover the measured
+steps only, as the summary and the diagnosis do: the warm-up is left out. The time series
+(step time, spread, pacing) show it, left of a dashed line. Long runs are reduced to at most `MAX_POINTS` bins (median line, min-max band) so that a million
 steps plot as fast as a thousand and the picture still shows the spikes.
 """
 
@@ -14,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .diagnose import MODES, Diagnosis
+from .compare import pairs
+from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, clear_last, measured
 from .load import Run
 
 MAX_POINTS = 1500
@@ -89,6 +92,8 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
         ax.plot(x, med, lw=0.9, color=c, label=run.label)
         if med is not lo:
             ax.fill_between(x, lo, hi, color=c, alpha=0.2, lw=0)
+        if run.warmup_steps:
+            ax.axvline(run.warmup_steps, color=c, ls="--", lw=0.8, alpha=0.7)
         if extra is not None:
             extra(ax, run, c)
         shown.append(hi[x >= run.warmup_steps])  # warm-up outliers may leave the axis
@@ -96,7 +101,8 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
     above = _ylim(ax, shown, every)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"  ({above} points above the axis)" if above else ""))
+    ax.set_title(title + (f"  ({above} point{'s' if above > 1 else ''} above the axis)"
+                          if above else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
     return _save(fig, out, name)
@@ -104,12 +110,8 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
 
 def step_time(runs: Sequence[Run], out: Path) -> str:
     """Step time over the run, one line per run."""
-    def warmup(ax: Any, run: Run, c: str) -> None:
-        if run.warmup_steps:
-            ax.axvline(run.warmup_steps, color=c, ls="--", lw=0.8, alpha=0.7)
-
     return _series(runs, out, "step_time.png", "Step time (dashed: end of warm-up)",
-                   "step time (ms)", lambda r: r.step_time, warmup)
+                   "step time (ms)", lambda r: r.step_time)
 
 
 def spread(runs: Sequence[Run], out: Path) -> str:
@@ -119,8 +121,20 @@ def spread(runs: Sequence[Run], out: Path) -> str:
             x, med, _, _ = _binned(run.step.astype(float), run.residual / 1e3)
             ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: after pacing")
 
-    return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank)",
+    return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank; dashed: "
+                   "end of warm-up)",
                    "spread (ms)", lambda r: r.spread, residual)
+
+
+def cdf_title(runs: Sequence[Run]) -> str:
+    """Names two runs (the compared one first); more are counted, and the legend names them."""
+    title = "Step-time CDF, measured steps"
+    if len(runs) == 2:
+        pair = pairs(runs)[0]
+        title += f": {runs[pair[1]].label} vs {runs[pair[0]].label}"
+    elif len(runs) > 2:
+        title += f" of {len(runs)} runs"
+    return title
 
 
 def cdf(runs: Sequence[Run], out: Path) -> str:
@@ -128,18 +142,17 @@ def cdf(runs: Sequence[Run], out: Path) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.6))
     for i, run in enumerate(runs):
-        st = run.step_time[np.isfinite(run.step_time) & (run.step_time > 0)] / 1e3
+        st = run.step_time[measured(run)] / 1e3
         if st.size == 0:
             continue
         st = np.sort(st)
         p = np.arange(1, st.size + 1) / st.size
         ax.step(st, p, where="post", color=COLORS[i % len(COLORS)], lw=1.2,
                 label=f"{run.label} (p50 {np.median(st):.1f}, p99 {np.percentile(st, 99):.1f})")
-    allst = np.concatenate([r.step_time[np.isfinite(r.step_time)] for r in runs]) / 1e3
+    allst = np.concatenate([r.step_time[measured(r)] for r in runs]) / 1e3
     if allst.size and allst.max() > 20 * np.median(allst):
         ax.set_xscale("log")
-    names = [r.label for r in runs]
-    ax.set_title("Step-time CDF" + (f": {' vs '.join(names)}" if len(runs) > 1 else ""))
+    ax.set_title(cdf_title(runs))
     ax.set_xlabel("step time (ms)")
     ax.set_ylabel("fraction of steps")
     ax.grid(alpha=0.3)
@@ -151,7 +164,10 @@ def lateness_heatmap(run: Run, out: Path, name: str) -> str:
     """Per-rank lateness behind the median rank, ranks x steps (red: late, blue: early).
     Steps are averaged into at most MAX_HEAT_STEPS columns, ranks into MAX_HEAT_RANKS rows."""
     plt = _plt()
-    e = run.earliness
+    ok = measured(run)
+    if not ok.any():  # nothing measured: the whole run rather than an empty picture
+        ok = np.ones(run.steps, dtype=bool)
+    e, steps = run.earliness[ok], run.step[ok]
     ref = np.nanmedian(e, axis=1, keepdims=True) if e.shape[1] > 2 else \
         np.nanmax(e, axis=1, keepdims=True)
     with np.errstate(all="ignore"):
@@ -162,12 +178,12 @@ def lateness_heatmap(run: Run, out: Path, name: str) -> str:
     lim = float(np.percentile(np.abs(finite), 99)) if finite.size else 1.0
     im = ax.imshow(late.T, aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim or 1.0,
                    interpolation="nearest", origin="lower",
-                   extent=(float(run.step[0]), float(run.step[-1]) + 1, -0.5,
+                   extent=(float(steps[0]), float(steps[-1]) + 1, -0.5,
                            run.world_size - 0.5))
     fig.colorbar(im, ax=ax, label="late vs median rank (ms)")
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
-    ax.set_title(f"Per-rank lateness: {run.label}")
+    ax.set_title(f"Per-rank lateness: {run.label} ({int(ok.sum())} measured steps)")
     return _save(fig, out, name)
 
 
@@ -182,20 +198,27 @@ def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
     return np.stack(parts, axis=axis)
 
 
+def straggler_counts(run: Run) -> tuple[np.ndarray, int, int]:
+    """(steps each rank arrived last, steps counted, measured steps): over the measured steps
+    with a clear last rank (`diagnose.clear_last`)."""
+    keep = clear_last(run)
+    hist = np.bincount(run.straggler[keep], minlength=run.world_size)[:run.world_size]
+    return hist, int(keep.sum()), int(measured(run).sum())
+
+
 def stragglers(runs: Sequence[Run], out: Path) -> str:
-    """How often each rank arrived last (only steps whose spread is above 1% of the median
-    step: with no spread the 'last' rank is an arbitrary tie)."""
+    """How often each rank arrived last, over the measured steps whose spread is above 1% of
+    the median step (with no spread the 'last' rank is an arbitrary tie)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 3.4))
     width = 0.8 / max(len(runs), 1)
     world = max(r.world_size for r in runs)
     for i, run in enumerate(runs):
-        st = run.step_time[np.isfinite(run.step_time)]
-        thr = 0.01 * float(np.median(st)) if st.size else 0.0
-        keep = (run.straggler >= 0) & (np.nan_to_num(run.spread) > thr)
-        hist = np.bincount(run.straggler[keep], minlength=world)[:world]
+        hist, k, n = straggler_counts(run)
+        hist = np.pad(hist, (0, world - hist.size))
+        steps = f"{n} measured steps" if k == n else f"{k} of {n} measured steps"
         ax.bar(np.arange(world) + (i - (len(runs) - 1) / 2) * width, hist, width=width,
-               color=COLORS[i % len(COLORS)], label=f"{run.label} ({int(keep.sum())} steps)")
+               color=COLORS[i % len(COLORS)], label=f"{run.label} ({steps})")
     ax.set_xlabel("rank")
     ax.set_ylabel("steps it arrived last")
     ax.set_title("Straggler histogram")
@@ -230,8 +253,9 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
         ax2.set_yticklabels(["off", "on"])
         ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
         ax.set_ylabel("delay (ms)")
-        ax.set_title(f"{run.label}: delays applied; pacing on {100 * on.mean():.0f}% of steps "
-                     "(green)", fontsize=10)
+        on_measured = float(on[measured(run)].mean()) if measured(run).any() else 0.0
+        ax.set_title(f"{run.label}: delays applied; pacing on {100 * on_measured:.0f}% of the "
+                     "measured steps (green)", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", fontsize=8)
     axes[-1, 0].set_xlabel("step")
@@ -239,10 +263,13 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
 
 
 def lost_time(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path) -> str:
-    """Lost time per step against the ideal step, split by failure mode, one bar per run."""
+    """Lost time per measured step against the ideal step, one bar per run: solid for the
+    modes with enough evidence, hatched grey for the unattributed rest (modes below the
+    confidence threshold and excess with neither spread nor transfer excess)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 2.2 + 0.5 * len(runs)))
+    fig, ax = plt.subplots(figsize=(9, 2.4 + 0.5 * len(runs)))
     labels = [r.label for r in runs]
+    right = 0.0
     for j, d in enumerate(diags):
         n = max(int(d.summary.get("measured_steps", 0)), 1)
         left = 0.0
@@ -250,15 +277,24 @@ def lost_time(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path) -> str
         parts["unattributed"] = float(d.summary.get("unattributed_us", 0.0))
         for mode in (*MODES, "unattributed"):
             w = parts.get(mode, 0.0) / n / 1e3
-            ax.barh(j, w, left=left, color=MODE_COLORS[mode], label=mode if j == 0 else None)
+            grey = mode == "unattributed"
+            ax.barh(j, w, left=left, color=MODE_COLORS[mode], hatch="//" if grey else None,
+                    edgecolor="#888888" if grey else None, lw=0,
+                    label=(f"unattributed (confidence < {MIN_CONFIDENCE}, or no excess)"
+                           if grey else mode) if j == 0 else None)
             left += w
+        if "lost_fraction" in d.summary:
+            ax.text(left, j, f"  {100 * d.summary['lost_fraction']:.0f}% of the measured time",
+                    va="center", fontsize=8)
+        right = max(right, left)
+    ax.set_xlim(0, max(right * 1.35, 1e-3))
     ax.set_yticks(range(len(runs)))
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
-    ax.set_xlabel("time lost per step against the ideal step (ms)")
-    ax.set_title("Lost time by failure mode")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), fontsize=8,
-              ncol=5, frameon=False)
+    ax.set_xlabel("time lost per measured step against the ideal step (ms)")
+    ax.set_title("Lost time by failure mode (solid: enough evidence)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=8,
+              ncol=3, frameon=False)
     ax.grid(alpha=0.3, axis="x")
     return _save(fig, out, "lost_time.png")
 
@@ -269,7 +305,7 @@ def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
     out.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[Any, str]] = [
         (lambda: lost_time(runs, diags, out), "Time lost against the ideal step, by failure "
-         "mode."),
+         f"mode; hatched grey: unattributed (no mode with confidence >= {MIN_CONFIDENCE})."),
         (lambda: step_time(runs, out), "Step time over the run (median line; the band spans "
          "min to max when steps are binned)."),
         (lambda: cdf(runs, out), "Step-time CDF: the further left and the steeper, the better."),
@@ -281,7 +317,8 @@ def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
                      f"Lateness of each rank behind the median rank: {run.label}. A steady "
                      "red row is a locality rank; scattered red is random stragglers."))
     jobs += [
-        (lambda: stragglers(runs, out), "How often each rank arrived last."),
+        (lambda: stragglers(runs, out), "How often each rank arrived last, over the measured "
+         "steps."),
         (lambda: pacing(runs, out), "Delays applied to early ranks, and when pacing was on."),
     ]
     made = []

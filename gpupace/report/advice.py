@@ -1,0 +1,49 @@
+"""The suggested action for each failure mode, worded for the run's collective backend: a
+CPU (gloo) run gets no advice about GPUs, NICs or NCCL, and one rank is "rank 3", not
+"ranks 3"."""
+
+from __future__ import annotations
+
+ACTIONS = {
+    "sync_amplification": "pace the early ranks (gpupace PaceConfig(mode='pace')): a different "
+    "rank is late each step and every rank waits for it",
+    "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of {ranks} "
+    "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
+    "fabric_contention": "look at the topology: congested links or switches (oversubscribed "
+    "uplinks, other jobs on the same leaf); topology-aware placement, NCCL algorithm/channel "
+    "tuning",
+    "runtime_jitter": "find the noisy service: heavy-tailed stalls or regime switches come from "
+    "the runtime (OS daemons, allocator, kernel launches, data loading); isolate cores, "
+    "pre-allocate memory, capture CUDA graphs",
+}
+# The same advice where the run's collectives ran on CPUs (gloo): no GPU, NIC or NCCL.
+CPU_ACTIONS = {
+    "locality": "{ranks} steadily late on a CPU ({backend}) run: check what differs there: "
+    "uneven work or data, other processes on {their} cores, NUMA placement (pin each rank to "
+    "its own cores: taskset, numactl --cpunodebind)",
+    "fabric_contention": "look at the network between the hosts (or, on one host, the "
+    "loopback and memory bandwidth the ranks share): other traffic, oversubscribed links",
+    "runtime_jitter": "find the noisy service: heavy-tailed stalls or regime switches come from "
+    "the runtime (OS daemons, allocator, data loading, other processes); isolate cores, "
+    "pre-allocate memory",
+}
+UNKNOWN_BACKEND_LOCALITY = (
+    "{ranks} steadily late: check {their} placement (GPU runs: GPU-to-NIC and NUMA affinity, "
+    "nvidia-smi topo -m; CPU runs: core pinning and other processes on {their} cores) and "
+    "whether {their} work is uneven")
+
+
+def action(mode: str, ranks: list[int], backend: str = "") -> str:
+    """The suggested action, worded for the run's collective backend ("nccl", "gloo", "mpi",
+    "sim" or "" when the telemetry does not say)."""
+    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+    named = (f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}") if ranks \
+        else "the late ranks (none named)"
+    their = "its" if len(ranks) == 1 else "their"
+    if backend == "gloo" and mode in CPU_ACTIONS:
+        text = CPU_ACTIONS[mode]
+    elif backend in ("", "unknown") and mode == "locality":
+        text = UNKNOWN_BACKEND_LOCALITY
+    else:
+        text = ACTIONS[mode]
+    return text.format(ranks=named, their=their, backend=backend)

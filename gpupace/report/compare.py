@@ -1,0 +1,110 @@
+"""Run against run: which runs the report compares (a paced run against its baseline) and
+the change of each summary figure, as the summary table's change columns, the CLI's
+comparison lines and findings.json's `comparisons`.
+
+Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe, off, or a
+simulated run without the policy), in the order given, so that `gpupace demo`'s
+baseline-1, baseline-2, paced-1, paced-2 compare as paced-1 vs baseline-1 and paced-2 vs
+baseline-2. Two runs that are not a baseline and a paced run (two world sizes, two
+machines) compare as the second against the first; more such runs are not compared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .load import Run
+
+# key -> (label, kind): "rel" change in % of the baseline; "pts" a fraction's change in
+# percentage points; "ms" an absolute change of a time in us, shown in ms.
+CHANGES = {
+    "throughput": ("throughput", "rel"),
+    "step_time_mean": ("step time mean", "rel"),
+    "step_time_p50": ("step time p50", "rel"),
+    "step_time_p99": ("step time p99", "rel"),
+    "step_time_max": ("step time max", "rel"),
+    "step_time_cv": ("step time CV", "rel"),
+    "spread_mean": ("arrival spread mean", "rel"),
+    "spread_p99": ("arrival spread p99", "rel"),
+    "active_fraction": ("pacing on", "pts"),
+    "delay_mean": ("delay per rank per step", "ms"),
+    "lost_fraction": ("time lost", "pts"),
+    "unattributed_share": ("unattributed", "pts"),
+    "ideal_step_us": ("ideal step", "rel"),
+}
+# The figures the CLI's one comparison line names, in order.
+CLI_KEYS = ("throughput", "step_time_mean", "step_time_p99", "step_time_cv", "spread_mean",
+            "lost_fraction")
+
+
+def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
+    """(baseline index, compared index) for each comparison the report shows."""
+    base = [i for i, r in enumerate(runs) if r.mode != "pace"]
+    paced = [i for i, r in enumerate(runs) if r.mode == "pace"]
+    if base and paced:
+        return list(zip(base, paced, strict=False))
+    return [(0, 1)] if len(runs) == 2 else []
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+def change(key: str, base: Any, other: Any) -> float | None:
+    """The change of `key` from `base` to `other` in its kind's unit (%, points, ms), or None
+    when either figure is missing or a relative change has no baseline to divide by."""
+    b, o = _num(base), _num(other)
+    if b is None or o is None or key not in CHANGES:
+        return None
+    kind = CHANGES[key][1]
+    if kind == "rel":
+        return 100.0 * (o - b) / abs(b) if b != 0 else None
+    if kind == "pts":
+        return 100.0 * (o - b)
+    return (o - b) / 1e3
+
+
+def fmt_change(key: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    kind = CHANGES[key][1]
+    if kind == "rel":
+        return f"{v:+.1f}%"
+    if kind == "pts":
+        return f"{v:+.1f} pts"
+    return f"{v:+.2f} ms"
+
+
+def comparisons(runs: Sequence[Run], sums: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per pair: labels and, per figure, both values and the change."""
+    out = []
+    for i, j in pairs(runs):
+        rows = {}
+        for key, (label, kind) in CHANGES.items():
+            b, o = sums[i].get(key), sums[j].get(key)
+            unit = {"rel": "%", "pts": "percentage points", "ms": "ms"}[kind]
+            rows[key] = {"label": label, "baseline": _num(b), "compared": _num(o),
+                         "change": change(key, b, o), "change_unit": unit}
+        out.append({"baseline": runs[i].label, "compared": runs[j].label,
+                    "title": f"{runs[j].label} vs {runs[i].label}", "changes": rows})
+    return out
+
+
+def cli_line(comp: dict[str, Any]) -> str:
+    """`paced-1 vs baseline-1: throughput +2.5%, ...; time lost 39.2% -> 30.1% (-9.1 pts)`."""
+    parts = []
+    for key in CLI_KEYS:
+        row = comp["changes"][key]
+        if row["change"] is None:
+            continue
+        text = f"{row['label']} {fmt_change(key, row['change'])}"
+        if key == "lost_fraction":
+            text = (f"{row['label']} {100 * row['baseline']:.1f}% -> "
+                    f"{100 * row['compared']:.1f}% ({fmt_change(key, row['change'])})")
+        elif key == "step_time_cv":
+            text = (f"{row['label']} {row['baseline']:.3f} -> {row['compared']:.3f} "
+                    f"({fmt_change(key, row['change'])})")
+        parts.append(text)
+    return f"{comp['title']}: " + (", ".join(parts) or "no figure to compare")

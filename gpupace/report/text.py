@@ -1,0 +1,74 @@
+"""The diagnosis in words, for the CLI, the page and findings.json: a headline per run (who
+is late, how often, by how much, and the leading cause with its confidence), the lost time
+with its definition, and where the lost time went."""
+
+from __future__ import annotations
+
+import math
+
+from .diagnose import MIN_CONFIDENCE, Diagnosis
+
+
+def headline(d: Diagnosis) -> str:
+    """One line: who is late (rank, how often, by how much) and the leading cause with its
+    confidence, or that no single cause has enough evidence."""
+    s = d.summary
+    label = s.get("label", "")
+    if "lost_fraction" not in s:
+        return f"{label}: {s.get('note', 'no verdict')}"
+    lr = s.get("late_rank")
+    if lr is None:
+        who = "no step with a clear last rank"
+    else:
+        pct = 100 * lr["last_fraction"]
+        if lr["persistent"]:
+            behind = lr["behind_median_us"]
+            by = f", typically {behind / 1e3:.1f} ms behind the median rank" \
+                if math.isfinite(behind) and behind > 0 else ""
+            who = f"rank {lr['rank']} last in {pct:.0f}% of steps{by}"
+        else:
+            chance = 100 / max(int(s.get("world_size") or 1), 1)
+            who = (f"no persistently late rank (most often rank {lr['rank']}: last in "
+                   f"{pct:.0f}% of steps, {chance:.0f}% by chance)")
+    lead = next((m for m in d.modes if m.share > 0), None)
+    if lead is not None:
+        cause = (f"leading cause {lead.mode} ({100 * lead.share:.0f}% of the lost time, "
+                 f"confidence {lead.confidence:.2f})")
+    elif s.get("note"):
+        cause = s["note"]
+    else:
+        cause = f"no single cause with enough evidence (confidence >= {MIN_CONFIDENCE})"
+    return f"{label}: {who}; {cause}"
+
+
+def lost_line(d: Diagnosis) -> str:
+    """The lost time with its definition, in words."""
+    s = d.summary
+    if "lost_fraction" not in s:
+        return ""
+    off = s.get("steady_offset_us", 0.0)
+    loc = next((m for m in d.modes if m.mode == "locality" and m.ranks), None)
+    who = f"rank {loc.ranks[0]}'s" if loc is not None else "the late ranks'"
+    less = f" less {who} steady {off / 1e3:.1f} ms lateness" if off > 0 else ""
+    return (f"lost {100 * s['lost_fraction']:.1f}% of the measured time: mean step "
+            f"{s['mean_step_us'] / 1e3:.1f} ms against an ideal step of "
+            f"{s['ideal_step_us'] / 1e3:.1f} ms (the 5th-percentile step of "
+            f"{s['p5_step_us'] / 1e3:.1f} ms{less})")
+
+
+def split_line(d: Diagnosis) -> str:
+    """Where the lost time went: the attributed modes, then the unattributed rest and why."""
+    s = d.summary
+    if "lost_fraction" not in s:
+        return ""
+    parts = [f"{m.mode} {100 * m.share:.0f}% ({m.verdict}, {m.confidence:.2f})"
+             for m in d.modes if m.share > 0]
+    lost = s.get("lost_us") or 0.0
+    low = [f"{m.mode} {100 * m.candidate_share:.0f}%" for m in d.modes
+           if m.share == 0 and m.candidate_share >= 0.005]
+    why = [f"below confidence {MIN_CONFIDENCE}: " + ", ".join(low)] if low else []
+    if lost > 0 and s.get("unexplained_us", 0.0) / lost >= 0.005:
+        why.append(f"no spread or transfer excess: {100 * s['unexplained_us'] / lost:.0f}%")
+    rest = f"unattributed {100 * s.get('unattributed_share', 0.0):.0f}%"
+    rest += f" ({'; '.join(why)})" if why else ""
+    return "; ".join([*parts, rest])

@@ -1,0 +1,252 @@
+"""`gpupace report` on telemetry shaped like `gpupace demo`'s: 4 ranks, 80 steps of which 10
+are warm-up, one persistently late rank. The files are written by the project's own
+TelemetryWriter with a Pacer's header; one test runs a real Pacer on 4 gloo ranks.
+
+What is checked: a mode without evidence gets no share (its time is unattributed), the clear
+case is attributed to locality with its rank, the lost time is a share of the measured time,
+the headline comes first, paced runs are compared with their baselines, every figure leaves
+the warm-up out, and the advice is worded for the run's backend."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpupace import PaceConfig, Pacer
+from gpupace.cli import main
+from gpupace.report.compare import pairs
+from gpupace.report.diagnose import MIN_CONFIDENCE, MODES, diagnose, measured
+from gpupace.report.load import load_runs
+from gpupace.report.plots import cdf_title, straggler_counts
+from gpupace.telemetry import StepRecord, TelemetryWriter, make_header
+
+pytestmark = pytest.mark.timeout(120)
+
+WARMUP = 10
+STEPS = 80  # one demo phase: 160 steps per side in two phases
+
+
+def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
+              late_ms: float = 18.6, late_fraction: float = 0.91, world: int = 4,
+              torch_version: str = "2.13.0+cpu", steps: int = STEPS, **extra) -> Path:
+    """A demo-shaped run through TelemetryWriter: each rank computes 30 ms +- 2 ms, the last
+    rank `late_ms` more in `late_fraction` of the steps; the step ends when the last rank
+    arrives plus an independent transfer (~0.6 ms). Warm-up steps have rank 0 last, by a
+    start-up skew of hundreds of ms. A paced run (`mode="pace"`) delays the early ranks."""
+    rng = np.random.default_rng(seed)
+    cfg = PaceConfig(mode=mode, warmup_steps=WARMUP).to_dict()
+    header = make_header(source="pacer", world_size=world, label=label, config=cfg,
+                         samples_per_step=128, scenario="persistent", **extra)
+    header["versions"]["torch"] = torch_version  # what the build that wrote it says
+    writer = TelemetryWriter(path, header, interval=20)
+    t = 0.0
+    for k in range(steps):
+        comp = 30e3 + rng.normal(0.0, 2e3, world)
+        if k < WARMUP:
+            comp[0] += 300e3 + 10e3 * k  # start-up skew: rank 0 last through the warm-up
+        elif rng.random() < late_fraction:
+            comp[world - 1] += late_ms * 1e3
+        last = comp.max()
+        early = last - comp
+        delay = np.zeros(world)
+        if mode == "pace" and k >= WARMUP:
+            delay = np.maximum(early - 2e3, 0.0)  # paced: the early ranks spin most of it
+        transfer = 600.0 + rng.exponential(100.0)
+        step_time = float(last + transfer) if k else float("nan")
+        t += (step_time if k else last) / 1e6
+        writer.write(StepRecord(
+            step=k, time_s=t, step_time_us=step_time, spread_us=float(early.max()),
+            residual_us=float((early - delay).max()), transfer_us=transfer,
+            straggler=int(np.argmax(comp)), active=mode == "pace" and k >= WARMUP,
+            earliness_us=early.tolist(), wait_us=(early - delay + transfer).tolist(),
+            delay_us=delay.tolist(), step_times_us=[step_time] * world,
+            site_spread_us=[float(early.max())]))
+    writer.close()
+    return path
+
+
+@pytest.fixture()
+def demo_like(tmp_path):
+    return write_run(tmp_path / "baseline-1.jsonl", label="baseline-1")
+
+
+def _mode(d, name):
+    return next(m for m in d.modes if m.mode == name)
+
+
+def test_a_mode_without_evidence_gets_no_share_and_its_time_is_unattributed(demo_like):
+    run = load_runs([demo_like])[0]
+    d = diagnose(run)
+    s = d.summary
+    amp = _mode(d, "sync_amplification")
+    # One rank last in ~91% of the steps: no rotation, so no evidence of amplification...
+    assert amp.evidence["top_late_rank_fraction"] > 0.8
+    assert amp.confidence < MIN_CONFIDENCE and amp.verdict == "not enough evidence"
+    # ...although the split would give it a good part of the time: it goes to unattributed.
+    assert amp.candidate_share > 0.05
+    assert amp.share == 0.0 and amp.lost_us == 0.0
+    assert s["low_confidence_us"] >= amp.candidate_share * s["lost_us"] - 1e-6
+    assert s["unattributed_us"] == pytest.approx(s["unexplained_us"] + s["low_confidence_us"])
+    for m in d.modes:  # a share if and only if the evidence reaches the threshold
+        assert (m.share > 0) == (m.confidence >= MIN_CONFIDENCE), (m.mode, m.share, m.confidence)
+    total = sum(m.share for m in d.modes) + s["unattributed_share"]
+    assert total == pytest.approx(1.0)
+
+
+def test_one_persistent_late_rank_is_attributed_to_locality(demo_like):
+    d = diagnose(load_runs([demo_like])[0])
+    loc = _mode(d, "locality")
+    assert loc.ranks == [3]
+    assert loc.verdict != "not enough evidence" and loc.confidence >= MIN_CONFIDENCE
+    assert d.modes[0] is loc and loc.share > 0.3
+    assert loc.evidence["offset_us"]["3"] == pytest.approx(18.6e3, rel=0.15)
+    late = d.summary["late_rank"]
+    assert late["rank"] == 3 and late["persistent"]
+    assert late["last_fraction"] == pytest.approx(0.91, abs=0.08)
+
+
+def test_lost_time_is_a_share_of_the_measured_time(demo_like):
+    run = load_runs([demo_like])[0]
+    s = diagnose(run).summary
+    st = run.step_time[measured(run)]
+    assert s["measured_steps"] == STEPS - WARMUP == st.size
+    assert s["mean_step_us"] == pytest.approx(st.mean())
+    assert 0.0 < s["lost_fraction"] <= 1.0
+    # The ideal step: the 5th-percentile step less rank 3's steady lateness, below every step
+    assert s["ideal_step_us"] == pytest.approx(s["p5_step_us"] - s["steady_offset_us"])
+    assert s["ideal_step_us"] < st.min()
+    # ~ 1 - ideal / mean: the share of the time the ideal step would have saved
+    assert s["lost_fraction"] == pytest.approx(1 - s["ideal_step_us"] / st.mean(), abs=0.02)
+
+
+def test_cli_prints_the_headline_first_then_lost_time_with_its_definition(demo_like, tmp_path,
+                                                                          capsys):
+    assert main(["report", str(demo_like), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("baseline-1: rank 3 last in 9") and "% of steps" in lines[0]
+    assert "ms behind the median rank" in lines[0]
+    assert "leading cause locality" in lines[0] and "confidence 0." in lines[0]
+    assert lines[1].strip().startswith("lost ") and "% of the measured time" in lines[1]
+    assert "ideal step" in lines[1] and "5th-percentile step" in lines[1]
+    assert "unattributed" in lines[2] and "sync_amplification" in lines[2]
+    assert any(line.startswith("(lost time: ") for line in lines)
+
+
+def test_no_single_cause_when_no_mode_has_evidence(tmp_path, capsys):
+    # The late rank is late only half the time, by a varying amount: no steady offset, no
+    # rotation, too few steps for the rest.
+    path = write_run(tmp_path / "weak.jsonl", label="weak", late_fraction=0.5, late_ms=6.0,
+                     seed=3, steps=50)
+    d = diagnose(load_runs([path])[0])
+    assert all(m.share == 0 for m in d.modes), [(m.mode, m.confidence) for m in d.modes]
+    assert d.summary["unattributed_share"] == pytest.approx(1.0)
+    assert main(["report", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("weak: ") and "no single cause with enough evidence" in first
+
+
+def test_paced_runs_are_compared_with_their_baselines(tmp_path, capsys):
+    d = tmp_path / "runs"
+    d.mkdir()
+    for k in (1, 2):  # what `gpupace demo --telemetry` writes
+        write_run(d / f"baseline-{k}.jsonl", label=f"baseline-{k}", seed=10 + k)
+        write_run(d / f"paced-{k}.jsonl", label=f"paced-{k}", mode="pace", seed=20 + k)
+    runs = load_runs([d])
+    assert [r.label for r in runs] == ["baseline-1", "baseline-2", "paced-1", "paced-2"]
+    assert pairs(runs) == [(0, 2), (1, 3)]
+    assert len(cdf_title(runs)) < 50 and "4 runs" in cdf_title(runs)
+    assert cdf_title(runs[:1]) == "Step-time CDF, measured steps"
+    out = tmp_path / "out"
+    assert main(["report", str(d), "--out", str(out), "--json", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "paced-1 vs baseline-1: throughput " in text and "paced-2 vs baseline-2: " in text
+    doc = json.loads((out / "findings.json").read_text())
+    assert not {"summary", "modes"} & set(doc)
+    assert [r["label"] for r in doc["runs"]] == [r.label for r in runs]
+    assert all(r["headline"].startswith(r["label"] + ": ") for r in doc["runs"])
+    comp = doc["comparisons"][0]
+    assert (comp["baseline"], comp["compared"]) == ("baseline-1", "paced-1")
+    base, paced = doc["runs"][0]["summary"], doc["runs"][2]["summary"]
+    thr = comp["changes"]["throughput"]
+    assert thr["change"] == pytest.approx(
+        100 * (paced["throughput"] / base["throughput"] - 1), abs=1e-3)
+    lost = comp["changes"]["lost_fraction"]
+    assert lost["change_unit"] == "percentage points"
+    assert lost["change"] == pytest.approx(
+        100 * (paced["lost_fraction"] - base["lost_fraction"]), abs=1e-2)
+    page = (out / "report.html").read_text()
+    assert "<th>change: paced-1 vs baseline-1</th>" in page
+    assert "<th>change: paced-2 vs baseline-2</th>" in page
+    # Two runs: one change column
+    two = load_runs([d / "paced-1.jsonl", d / "baseline-1.jsonl"])
+    assert pairs(two) == [(1, 0)] and cdf_title(two).endswith("paced-1 vs baseline-1")
+
+
+def test_every_count_leaves_the_warm_up_out(demo_like, tmp_path):
+    run = load_runs([demo_like])[0]
+    assert run.warmup_steps == WARMUP and run.steps == STEPS
+    hist, counted, n = straggler_counts(run)
+    s = diagnose(run).summary
+    assert n == s["measured_steps"] == STEPS - WARMUP
+    assert counted == hist.sum() <= n
+    # Rank 0 is last through all 10 warm-up steps and rarely after: none of those counted
+    warm_rank0 = int((run.straggler[:WARMUP] == 0).sum())
+    assert warm_rank0 == WARMUP
+    assert hist[0] == int((run.straggler[WARMUP:] == 0).sum()) < warm_rank0
+
+
+def test_locality_advice_is_worded_for_the_backend(tmp_path):
+    cpu = write_run(tmp_path / "cpu.jsonl", label="cpu")
+    gpu = write_run(tmp_path / "gpu.jsonl", label="gpu", torch_version="2.13.0+cu128",
+                    process_group_backend="nccl")
+    unknown = write_run(tmp_path / "unknown.jsonl", label="unknown", torch_version="2.13.0")
+    runs = load_runs([cpu, gpu, unknown])
+    assert [r.comm_backend for r in runs] == ["gloo", "nccl", ""]
+    act = {r.label: _mode(diagnose(r), "locality").action for r in runs}
+    assert "rank 3 " in act["cpu"] and "ranks 3" not in act["cpu"]
+    assert "gloo" in act["cpu"] and "nvidia-smi" not in act["cpu"]
+    assert "nvidia-smi topo -m" in act["gpu"] and "of rank 3 " in act["gpu"]
+    assert "rank 3 " in act["unknown"] and "CPU runs" in act["unknown"]
+
+
+def _persistent_straggler(rank, world, path):
+    """A real Pacer on gloo ranks: the last rank sleeps 15 ms before every collective."""
+    import torch
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=5, telemetry_path=path,
+                             telemetry_interval=10), label="real")
+    rng = np.random.default_rng(rank)
+    t = torch.ones(1000)
+    try:
+        for _ in range(65):
+            time.sleep(0.015 if rank == world - 1 else rng.uniform(0.0, 0.002))
+            pacer.all_reduce(t)
+            t.fill_(1.0)
+            pacer.step()
+    finally:
+        pacer.close()
+    return None
+
+
+def test_a_real_pacer_run_with_a_persistent_straggler(tmp_path, capsys):
+    from gpupace.launch import run_ranks
+
+    path = tmp_path / "real.jsonl"
+    run_ranks(_persistent_straggler, 4, str(path), timeout_s=100)
+    run = load_runs([path])[0]
+    d = diagnose(run)
+    assert d.summary["measured_steps"] == 60
+    loc = _mode(d, "locality")
+    assert loc.ranks == [3] and loc.share > 0 and loc.confidence >= MIN_CONFIDENCE
+    assert d.summary["late_rank"]["rank"] == 3 and d.summary["late_rank"]["persistent"]
+    for m in d.modes:
+        assert (m.share > 0) == (m.confidence >= MIN_CONFIDENCE), (m.mode, m.confidence)
+    assert {m.mode for m in d.modes} == set(MODES)
+    assert 0 < d.summary["lost_fraction"] <= 1
+    assert main(["report", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("real: rank 3 last in "), first
