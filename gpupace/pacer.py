@@ -84,7 +84,9 @@ class Pacer:
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
                                  label=label, config=self.config.to_dict(),
-                                 samples_per_step=samples_per_step, **(telemetry_extra or {}))
+                                 samples_per_step=samples_per_step,
+                                 process_group_backend=pg_backend, pacer_backend=self.backend,
+                                 **(telemetry_extra or {}))
             self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
                                            self.config.telemetry_interval, background=True)
         self._tb = None

@@ -117,6 +117,7 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
             torch.testing.assert_close(a, b)
     tel = read_telemetry(path)
     assert tel.header["world_size"] == 2 and len(tel.records) == 8 and not tel.skipped
+    assert (tel.header["process_group_backend"], tel.header["pacer_backend"]) == ("gloo", "host")
     assert all(len(r.earliness_us) == 2 for r in tel.records)
 
 

@@ -88,7 +88,7 @@ class Run:
     def comm_backend(self) -> str:
         """The collective backend the run used, for wording advice: "nccl", "gloo", "mpi",
         "sim", or "" when the telemetry does not say. Read from the header's
-        `process_group_backend` when a writer records it (the Pacer does not yet); else a
+        `process_group_backend` (the Pacer records it; older files lack it); else a
         simulated run is "sim", and a run whose torch is a CPU-only build ("+cpu") used gloo
         (such a build has no NCCL, and MPI needs a source build)."""
         for key in ("process_group_backend", "backend"):
