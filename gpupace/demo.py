@@ -31,7 +31,6 @@ WAITS = ("sleep", "spin")
 DEFAULT_STEPS = 160
 WARMUP_STEPS = 10
 STATS_STEPS = 20  # the fewest steps of a phase that its statistics may rest on
-MANY_RANKS = 6  # from here on the default steps grow with the ranks' holdoff
 
 
 def settle_steps(config: PaceConfig, ranks: int) -> int:
@@ -78,8 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps of each side, baseline and paced, in two phases "
-                   f"each (default {DEFAULT_STEPS}, more from {MANY_RANKS} ranks on: each "
-                   "phase needs room for the pacer to settle)")
+                   f"each (default {DEFAULT_STEPS}, or more where many ranks need a longer "
+                   "holdoff before their pacer settles)")
     p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
     p.add_argument("--wait", choices=WAITS, default="sleep",
                    help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
