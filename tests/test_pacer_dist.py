@@ -121,6 +121,24 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
     assert all(len(r.earliness_us) == 2 for r in tel.records)
 
 
+def _widths(rank, world):
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, max_sites=16))
+    seen = []
+    for sites in (3, 3, 5, 5, 5, 2, 2):
+        for _ in range(sites):
+            pacer.all_reduce(torch.ones(4))
+        rec = pacer.step()
+        seen.append((len(rec.site_spread_us), pacer._engine._gather_out[0].numel()))
+    return seen
+
+
+def test_rows_carry_as_many_sites_as_the_step_before_not_max_sites():
+    for seen in run_ranks(_widths, 2):
+        # (sites in the record, row length after the step): 16 sites on the first step, then
+        # the count of the step before; the first step with 5 sites times 3 of them.
+        assert seen == [(3, 8), (3, 8), (3, 12), (5, 12), (5, 12), (2, 6), (2, 6)], seen
+
+
 def test_world_size_one_has_nothing_to_pace():
     pacer = Pacer(PaceConfig(warmup_steps=0))
     assert pacer.world_size == 1

@@ -49,8 +49,12 @@ class HostEngine:
     """Times sites on the host clock and runs the policy on the host.
 
     A site's row entry: w = exit - entry and d = the delay really applied, in us; plus the
-    step time, the exit-to-exit interval of site 0. Row layout (float64, fixed size so that
-    every rank's all_gather matches): [n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1}].
+    step time, the exit-to-exit interval of site 0. Row layout (float64):
+    [n_sites, step_us, w_0..w_{W-1}, d_0..d_{W-1}]. Every rank's all_gather must match, so the
+    width W is one all ranks agree on: `max_sites` on the first step, then the largest site
+    count of the step before (every rank saw the same gathered counts). A job with 3 DDP
+    buckets exchanges 8 values a rank, not 130: at 4096 ranks 256 KB a step, not 4.3 MB. A
+    step with more sites than W times the first W of them; W grows from the next step on.
     A planned delay is applied as a deadline (`policy.deadline_delay`), against the site's
     usual arrival time since the rank left the same site one step before.
     """
@@ -71,14 +75,19 @@ class HostEngine:
         self._new_step()
         self._prev_exit0: int | None = None
         self._warned_disagree = False
-        self._gather_out = [torch.zeros(2 + 2 * self.max_sites, dtype=torch.float64)
-                            for _ in range(world_size)]
+        self._set_width(self.max_sites)
         # The fused policy kernel for every size: compiled or loaded now, not in the step loop
         # (not at all when pacing is off: no update runs).
         seconds = policy.prepare_fused() if config.mode != "off" else 0.0
         if seconds > 2.0:
             log.info("gpupace: compiled the policy kernel in %.1f s (once per machine: cached "
                      "on disk)", seconds)
+
+    def _set_width(self, width: int) -> None:
+        """The sites each row carries from now on, and the gather buffers for it."""
+        self._width = width
+        self._gather_out = [torch.zeros(2 + 2 * width, dtype=torch.float64)
+                            for _ in range(self.world_size)]
 
     def _new_step(self) -> None:
         self.generation = getattr(self, "generation", -1) + 1  # exits of an older step are ignored
@@ -135,11 +144,14 @@ class HostEngine:
         if self._exit0 is not None:
             self._prev_exit0 = self._exit0
         n_local = min(self.n_sites, self.max_sites)
-        row = np.concatenate([[n_local, step_us], self.wait_us, self.delay_us])
+        width = self._width
+        row = np.concatenate([[n_local, step_us], self.wait_us[:width], self.delay_us[:width]])
         rows = self._exchange(row)
         self._new_step()
 
         counts = rows[:, 0]
+        if counts.max() != width:  # the same on every rank: they all gathered these counts
+            self._set_width(max(1, int(counts.max())))
         n = int(counts.min())
         if n == 0 or counts.max() != n:
             # Ranks disagree on the sites of this step (or there were none): nothing to
@@ -152,12 +164,12 @@ class HostEngine:
                 self._warned_disagree = True
             self._next_delay[:] = 0.0
             return None
+        n = min(n, width)  # sites past the rows' width: timed for nobody this step
         if self.state is None or self.state.shape != (self.world_size, n):
             self.state = policy.init_state(self.world_size, n)  # new site layout: start afresh
             self._usual[:] = np.nan
             self._last_exit_ns[:] = 0
-        m = self.max_sites
-        w, d, steps = rows[:, 2:2 + n], rows[:, 2 + m:2 + m + n], rows[:, 1]
+        w, d, steps = rows[:, 2:2 + n], rows[:, 2 + width:2 + width + n], rows[:, 1]
         stats = policy.update_in_place(self.params, self.state, w, d, steps, rank=self.rank)
         self._next_delay[:] = 0.0
         self._next_delay[:n] = stats.delay[self.rank]
