@@ -124,19 +124,24 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
 def _widths(rank, world):
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, max_sites=16))
     seen = []
-    for sites in (3, 3, 5, 5, 5, 2, 2):
+    for sites in (3, 3, 0, 3, 5, 5, 2, 2):
         for _ in range(sites):
             pacer.all_reduce(torch.ones(4))
         rec = pacer.step()
-        seen.append((len(rec.site_spread_us), pacer._engine._gather_out[0].numel()))
+        state = pacer._engine.state
+        seen.append((len(rec.site_spread_us) if rec else None,
+                     pacer._engine._gather_out[0].numel(), state.step, state.shape[1]))
     return seen
 
 
-def test_rows_carry_as_many_sites_as_the_step_before_not_max_sites():
+def test_rows_carry_the_sites_seen_not_max_sites():
     for seen in run_ranks(_widths, 2):
-        # (sites in the record, row length after the step): 16 sites on the first step, then
-        # the count of the step before; the first step with 5 sites times 3 of them.
-        assert seen == [(3, 8), (3, 8), (3, 12), (5, 12), (5, 12), (2, 6), (2, 6)], seen
+        # (sites in the record, row length after the step, policy steps, policy sites): 16
+        # sites on the first step, then the most seen. A step without sites changes nothing
+        # (the policy goes on); the first with 5 times 3 of them, and the policy goes on with
+        # its 3 sites; from the next on 5 (a new layout: the policy starts afresh), then 2.
+        assert seen == [(3, 8, 1, 3), (3, 8, 2, 3), (None, 8, 2, 3), (3, 8, 3, 3),
+                        (3, 12, 4, 3), (5, 12, 1, 5), (2, 12, 1, 2), (2, 12, 2, 2)], seen
 
 
 def test_world_size_one_has_nothing_to_pace():

@@ -51,10 +51,11 @@ class HostEngine:
     A site's row entry: w = exit - entry and d = the delay really applied, in us; plus the
     step time, the exit-to-exit interval of site 0. Row layout (float64):
     [n_sites, step_us, w_0..w_{W-1}, d_0..d_{W-1}]. Every rank's all_gather must match, so the
-    width W is one all ranks agree on: `max_sites` on the first step, then the largest site
-    count of the step before (every rank saw the same gathered counts). A job with 3 DDP
-    buckets exchanges 8 values a rank, not 130: at 4096 ranks 256 KB a step, not 4.3 MB. A
-    step with more sites than W times the first W of them; W grows from the next step on.
+    width W is one all ranks agree on, from the counts they all gathered: `max_sites` on the
+    first step, then the largest site count seen (a step without sites changes nothing). A
+    job with 3 DDP buckets exchanges 8 values a rank, not 130: at 4096 ranks 256 KB a step,
+    not 4.3 MB. A step with more sites than ever before times its first W (the policy goes on
+    with the sites it knows); W grows from the next step on.
     A planned delay is applied as a deadline (`policy.deadline_delay`), against the site's
     usual arrival time since the rank left the same site one step before.
     """
@@ -76,6 +77,7 @@ class HostEngine:
         self._prev_exit0: int | None = None
         self._warned_disagree = False
         self._set_width(self.max_sites)
+        self._width_set = False  # until a step with sites: then the sites it had
         # The fused policy kernel for every size: compiled or loaded now, not in the step loop
         # (not at all when pacing is off: no update runs).
         seconds = policy.prepare_fused() if config.mode != "off" else 0.0
@@ -150,8 +152,10 @@ class HostEngine:
         self._new_step()
 
         counts = rows[:, 0]
-        if counts.max() != width:  # the same on every rank: they all gathered these counts
-            self._set_width(max(1, int(counts.max())))
+        most = int(counts.max())  # the same on every rank: they all gathered these counts
+        if most > 0 and (most > width or not self._width_set):
+            self._set_width(most)
+            self._width_set = True
         n = int(counts.min())
         if n == 0 or counts.max() != n:
             # Ranks disagree on the sites of this step (or there were none): nothing to
