@@ -83,7 +83,8 @@ class PaceConfig:
 
     telemetry_path: str | None = None
     """JSON-lines file for per-step records; `{rank}` in it gives one file per rank, without it
-    only rank 0 writes (it holds every rank's row). None or empty: no file."""
+    only rank 0 writes (it holds every rank's row). None or empty: no file ("" also overrides
+    a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 
     ring_size: int | None = None
     """Number of per-step records kept in memory for `summary()`."""
@@ -147,11 +148,15 @@ class PaceConfig:
                              f"{type(self.telemetry_path).__name__}")
 
     def replace(self, **changes: Any) -> PaceConfig:
-        """A copy with `changes` applied; fields not changed keep their resolved values."""
+        """A copy with `changes` applied; fields not changed keep their resolved values, except
+        a `release_us` that was half of `threshold_us`, which follows a new threshold."""
         values = self.to_dict()
         unknown = set(changes) - set(values)
         if unknown:
             raise ValueError(f"unknown PaceConfig fields {sorted(unknown)}; known: {sorted(values)}")
+        if ("threshold_us" in changes and "release_us" not in changes
+                and self.release_us == self.threshold_us * RELEASE_FRACTION):
+            values["release_us"] = None
         values.update(changes)
         return PaceConfig(**values)
 

@@ -97,7 +97,8 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
     device = torch.device(f"cuda:{rank}") if dist.get_backend() == "nccl" else torch.device("cpu")
     model = build_model(seed).to(device)
     ddp = DDP(model, bucket_cap_mb=0.5, device_ids=[rank] if device.type == "cuda" else None)
-    cfg = config.replace(mode=mode, telemetry_path=telemetry_path)
+    # "" and not None: no file even where GPUPACE_TELEMETRY_PATH names one
+    cfg = config.replace(mode=mode, telemetry_path=telemetry_path or "")
     pacer = Pacer(cfg, samples_per_step=batch * world, label=label,
                   telemetry_extra={"scenario": scenario, "wait": wait, "source_detail": "demo"})
     spinner = Spinner() if wait == "spin" else None

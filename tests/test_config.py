@@ -73,6 +73,20 @@ def test_release_follows_a_threshold_given_alone(monkeypatch):
     assert PaceConfig(threshold_us=50.0).release_us == 10.0
 
 
+def test_replace_moves_a_derived_release_with_the_threshold():
+    assert PaceConfig().replace(threshold_us=50.0).release_us == 25.0
+    assert PaceConfig().replace(threshold_us=1000.0).release_us == 500.0
+    assert PaceConfig(release_us=80.0).replace(threshold_us=1000.0).release_us == 80.0
+    with pytest.raises(ValueError, match="release_us must be <= threshold_us"):
+        PaceConfig(release_us=80.0).replace(threshold_us=50.0)  # given, so kept
+
+
+def test_an_empty_telemetry_path_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv("GPUPACE_TELEMETRY_PATH", "/tmp/x.jsonl")
+    assert PaceConfig().replace(telemetry_path=None).telemetry_path == "/tmp/x.jsonl"
+    assert PaceConfig().replace(telemetry_path="").telemetry_path == ""
+
+
 def test_numpy_scalars_and_paths_are_taken_as_plain_values(tmp_path):
     cfg = PaceConfig(ring_size=np.int64(10), gain=np.float32(0.5), telemetry_path=tmp_path / "t")
     assert (cfg.ring_size, cfg.gain, cfg.telemetry_path) == (10, 0.5, str(tmp_path / "t"))
