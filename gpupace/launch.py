@@ -12,10 +12,13 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -62,10 +65,18 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
                          args=(fn, r, world_size, backend, port, collective_timeout_s, results,
                                args, kwargs))
              for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with _exit_on_termination():
+        return _start_and_collect(procs, results, timeout_s)
+
+
+def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
+    """Starts the ranks and returns their results by rank; kills what is left on the way out,
+    whatever the way."""
+    world_size = len(procs)
     out: dict[int, Any] = {}
     deadline = _now() + timeout_s
+    for p in procs:
+        p.start()
     try:
         while len(out) < world_size:
             try:
@@ -93,6 +104,26 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
                 p.join(timeout=5)
         results.close()
     return [out[r] for r in range(world_size)]
+
+
+@contextmanager
+def _exit_on_termination() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a job scheduler, a closed terminal) raise SystemExit in the main
+    thread, as Ctrl-C raises KeyboardInterrupt, so that the ranks are killed on the way out
+    instead of training on with nobody to report to. Elsewhere than the main thread signals
+    cannot be caught: nothing changes there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+    sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s]
+    before = {s: signal.signal(s, stop) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def _now() -> float:
