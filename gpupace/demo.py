@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -102,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
         args.steps = max(DEFAULT_STEPS, min_steps(config, args.ranks) + 2 * STATS_STEPS)
     _check(args, config)
     backend = _backend(args)
+    _make_outputs(args)
+    cores = os.cpu_count() or 1
+    if args.ranks > 4 * cores:
+        print(f"gpupace demo: warning: {args.ranks} ranks share {cores} cores, and the steps "
+              f"grow with the ranks ({args.steps} a side): the run may outlast --timeout "
+              f"({args.timeout:.0f} s)", file=sys.stderr, flush=True)
     from . import policy
     from .demo_worker import ms_per_unit, run_abba
 
@@ -158,13 +165,18 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Before the run, not after it: a bad path must not cost the results."""
+    if args.telemetry and Path(args.telemetry).exists() and not Path(args.telemetry).is_dir():
+        raise ValueError(f"--telemetry must be a directory, got the file {args.telemetry}")
+    if args.json and Path(args.json).is_dir():
+        raise ValueError(f"--json must be a file path, got the directory {args.json}")
+
+
+def _make_outputs(args: argparse.Namespace) -> None:
+    """The output folders, once every check has passed (a refused run leaves none behind);
+    one that can't be made ends the run before it starts."""
     if args.telemetry:
-        if Path(args.telemetry).exists() and not Path(args.telemetry).is_dir():
-            raise ValueError(f"--telemetry must be a directory, got the file {args.telemetry}")
         Path(args.telemetry).mkdir(parents=True, exist_ok=True)
     if args.json:
-        if Path(args.json).is_dir():
-            raise ValueError(f"--json must be a file path, got the directory {args.json}")
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 
 
@@ -195,7 +207,7 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
     out: dict[str, Any] = {
         "scenario": args.scenario, "world_size": args.ranks, "steps": args.steps,
         "wait": args.wait, "backend": backend, "batch_per_rank": args.batch, "seed": args.seed,
-        "stats_from_step": settle, "phase_steps": args.steps // 2,
+        "stats_from_step": settle, "phase_steps": args.steps // 2, "cores": os.cpu_count(),
         "units": "times in us, throughput in samples/s",
     }
     for side in ("baseline", "paced"):
@@ -236,6 +248,12 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
     for side in ("baseline", "paced"):
         lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
+    if r["paced"]["delayed_fraction"] == 0:
+        lines.append("pacing delayed nobody: the two sides ran the same code, so their "
+                     "differences are this machine's noise")
+    elif r.get("cores") and r["world_size"] > r["cores"]:
+        lines.append(f"{r['world_size']} ranks share {r['cores']} cores: changes of several % "
+                     "can be noise; gauge it with --scenario random, where pacing delays nobody")
     return "\n".join(lines)
 
 

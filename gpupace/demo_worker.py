@@ -100,7 +100,9 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
     # "" and not None: no file even where GPUPACE_TELEMETRY_PATH names one
     cfg = config.replace(mode=mode, telemetry_path=telemetry_path or "")
     pacer = Pacer(cfg, samples_per_step=batch * world, label=label,
-                  telemetry_extra={"scenario": scenario, "wait": wait, "source_detail": "demo"})
+                  telemetry_extra={"scenario": scenario, "wait": wait, "source_detail": "demo",
+                                   # the report counts the steps the demo's table counts
+                                   "first_measured_step": stats_from})
     spinner = Spinner() if wait == "spin" else None
 
     def hook(state, bucket):  # unannotated: DDP checks annotations as real types

@@ -108,6 +108,20 @@ def _nan(v: Any) -> Any:
     return v
 
 
+def first_measured_step(header: dict[str, Any]) -> int:
+    """The first step that a run's figures count: the header's `first_measured_step` when the
+    writer names one (the demo: where a fresh pacer has settled), else its config's
+    `warmup_steps` (compilation, autotuning, allocator, DDP's bucket rebuild); 0 for a
+    simulated run, which has no warm-up, or when the header says neither."""
+    if header.get("source") == "sim":
+        return 0
+    v = header.get("first_measured_step")
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        cfg = header.get("config")
+        v = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
+
+
 def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
                 sites: Iterable[str] = (), config: dict[str, Any] | None = None,
                 **extra: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import torch
 
 from gpupace.cli import main
 from gpupace.demo import SCENARIOS, make_schedule
-from gpupace.telemetry import read_telemetry
+from gpupace.telemetry import first_measured_step, read_telemetry
 
 
 def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
@@ -44,6 +44,8 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
         assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
         assert len(tel.records) == 40 and not tel.skipped
+        # the report counts the steps the table counts
+        assert first_measured_step(tel.header) == 20
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -91,9 +93,10 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
-def test_demo_refuses_nccl_without_gpus_before_spawning(capsys):
-    assert main(["demo", "--backend", "nccl"]) == 2
+def test_demo_refuses_nccl_without_gpus_before_spawning(tmp_path, capsys):
+    assert main(["demo", "--backend", "nccl", "--telemetry", str(tmp_path / "tel")]) == 2
     assert "--backend nccl needs one CUDA GPU per rank (4)" in capsys.readouterr().err
+    assert not (tmp_path / "tel").exists()  # a refused run leaves nothing behind
 
 
 def test_unknown_scenario_is_refused_by_argparse(capsys):

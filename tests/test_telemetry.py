@@ -116,3 +116,13 @@ def test_chunked_encoding_is_the_same_text():
     r = record(3, step_time_us=math.nan, earliness_us=[0.5 * k for k in range(1500)],
                wait_us=[math.inf] * 700 + [1.0] * 800, delay_us=[math.nan] * 513)
     assert r.to_json(chunk=512) == r.to_json() == r.to_json(chunk=1)
+
+
+def test_first_measured_step_comes_from_the_header():
+    from gpupace.telemetry import first_measured_step
+
+    assert first_measured_step({"config": {"warmup_steps": 5}}) == 5
+    assert first_measured_step({"config": {"warmup_steps": 5}, "first_measured_step": 30}) == 30
+    assert first_measured_step({"source": "sim", "config": {"warmup_steps": 5}}) == 0
+    assert first_measured_step({"first_measured_step": True, "config": {}}) == 0
+    assert first_measured_step({}) == 0

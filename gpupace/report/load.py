@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, read_telemetry
+from ..telemetry import StepRecord, first_measured_step, read_telemetry
 
 # Files at least this large get a heartbeat on stderr while they are read.
 PROGRESS_BYTES = 5_000_000
@@ -75,14 +75,8 @@ class Run:
 
     @property
     def warmup_steps(self) -> int:
-        """Steps at the start that the figures leave out, as `Pacer.summary` does: the
-        config's `warmup_steps` (compilation, autotuning, allocator, DDP bucket rebuild).
-        0 for a simulated run, which has no warm-up, or when the header does not say."""
-        if self.header.get("source") == "sim":
-            return 0
-        cfg = self.header.get("config") or {}
-        v = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
-        return int(v) if isinstance(v, (int, float)) and v > 0 else 0
+        """Steps at the start that the figures leave out (`telemetry.first_measured_step`)."""
+        return first_measured_step(self.header)
 
     @property
     def comm_backend(self) -> str:

@@ -1,8 +1,8 @@
 """Calibration: a scenario fitted to a recorded telemetry file, and the `paper` preset's fit.
 
 `fit_telemetry(path)` reads a run (from `gpupace demo`, a real job or the simulator), leaves
-out the warm-up steps its header names (`config.warmup_steps`: compilation, DDP's bucket
-rebuild; read as stalls, they made a review's demo fit predict CV 0.45 for a run of 0.13),
+out the warm-up steps its header names (`telemetry.first_measured_step`: compilation, DDP's
+bucket rebuild; read as stalls, they made a review's demo fit predict CV 0.45 for a run of 0.13),
 and fits:
   sites              the most common site count per step (DDP's step 0 shows one bucket);
   exposed comm       the median transfer (the last rank's wait at the site of largest
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, read_telemetry
+from ..telemetry import StepRecord, first_measured_step, read_telemetry
 from .scenario import Scenario
 
 SPIKE_SIGMAS = 6.0  # lateness beyond this many robust sigmas counts as a stall
@@ -96,7 +96,7 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     """Fits compute, locality offsets and jitter from a telemetry file (see the module doc).
     Raises ValueError when the file has too few usable steps or ranks."""
     tel = read_telemetry(path)
-    warmup = warmup_steps(tel.header)
+    warmup = first_measured_step(tel.header)
     recs = [r for r in tel.records if r.step >= warmup]
     recs = [r for r in recs if len(r.earliness_us) >= 2 and math.isfinite(r.spread_us)]
     if len(recs) < 10:
@@ -158,17 +158,6 @@ def _match_median(fit: TelemetryFit, resid: np.ndarray, target_us: float) -> Tel
         got = float(np.nanmedian(res.step_us))
         fit = _with_compute(fit, max(fit.compute_us + target_us - got, 1.0), resid)
     return fit
-
-
-def warmup_steps(header: dict[str, Any]) -> int:
-    """The steps a run's own summary leaves out: its config's `warmup_steps` (compilation,
-    allocator, DDP's bucket rebuild), as `gpupace report` reads them; 0 for a simulated run,
-    which has no warm-up, or when the header does not say."""
-    cfg = header.get("config")
-    v = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
-    if header.get("source") == "sim" or not isinstance(v, (int, float)) or v <= 0:
-        return 0
-    return int(v)
 
 
 def steady_site_count(records: list[StepRecord], header: dict[str, Any]) -> int:
