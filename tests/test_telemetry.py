@@ -5,7 +5,14 @@ import math
 
 import pytest
 
-from gpupace.telemetry import StepRecord, TelemetryWriter, make_header, read_telemetry, summarize
+from gpupace.telemetry import (
+    StepRecord,
+    TelemetryWriter,
+    first_measured_step,
+    make_header,
+    read_telemetry,
+    summarize,
+)
 
 
 def record(k: int, **kw) -> StepRecord:
@@ -119,8 +126,6 @@ def test_chunked_encoding_is_the_same_text():
 
 
 def test_first_measured_step_comes_from_the_header():
-    from gpupace.telemetry import first_measured_step
-
     assert first_measured_step({"config": {"warmup_steps": 5}}) == 5
     assert first_measured_step({"config": {"warmup_steps": 5}, "first_measured_step": 30}) == 30
     assert first_measured_step({"source": "sim", "config": {"warmup_steps": 5}}) == 0

@@ -263,8 +263,10 @@ def clear_last(run: Run) -> np.ndarray:
 
 def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | None:
     """The rank most often last: how often (of the measured steps with a clear last rank) and
-    by how much (its median lateness behind the median rank). `persistent` when it is last in
-    at least half of them and twice as often as chance. None when no step has a clear last."""
+    by how much (its median lateness behind the median rank). `persistent` when it is last
+    at least halfway between chance and always: (1 + 1/N) / 2 of them, 75% at 2 ranks, just
+    over half at many (twice chance, the rule before, asked 100% of 2 ranks). None when no
+    step has a clear last."""
     keep = clear_last(run)
     if not keep.any():
         return None
@@ -276,7 +278,7 @@ def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | No
     behind = float(offset[r]) if r < offset.size else float("nan")
     return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
             "steps_with_clear_last": int(keep.sum()), "behind_median_us": behind,
-            "persistent": bool(frac >= max(0.5, 2.0 / max(run.world_size, 1)))}
+            "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0)}
 
 
 def diagnose(run: Run) -> Diagnosis:

@@ -23,7 +23,9 @@ def headline(d: Diagnosis) -> str:
         pct = 100 * lr["last_fraction"]
         if lr["persistent"]:
             behind = lr["behind_median_us"]
-            by = f", typically {behind / 1e3:.1f} ms behind the median rank" \
+            # of two ranks the lateness is behind the other one (no median to speak of)
+            other = "the other rank" if s.get("world_size") == 2 else "the median rank"
+            by = f", typically {behind / 1e3:.1f} ms behind {other}" \
                 if math.isfinite(behind) and behind > 0 else ""
             who = f"rank {lr['rank']} last in {pct:.0f}% of steps{by}"
         else:
