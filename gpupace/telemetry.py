@@ -252,6 +252,8 @@ def read_telemetry(path: str | os.PathLike) -> Telemetry:
     header, raises ValueError naming the file. Later lines that are cut short (a crash in the
     middle of a write) or corrupt are skipped and listed in `skipped`."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"telemetry file {path} is a directory: give one .jsonl file in it")
     if not path.is_file():
         raise ValueError(f"telemetry file {path} does not exist")
     records, skipped = [], []

@@ -107,6 +107,11 @@ def test_bad_files_name_themselves(tmp_path, content, message):
         read_telemetry(path)
 
 
+def test_a_directory_is_not_a_telemetry_file(tmp_path):
+    with pytest.raises(ValueError, match=f"{tmp_path} is a directory: give one .jsonl file"):
+        read_telemetry(tmp_path)
+
+
 def test_summary_figures():
     recs = [record(k, step_time_us=t, straggler=s)
             for k, (t, s) in enumerate([(math.nan, 0), (1000.0, 1), (3000.0, 1), (2000.0, 0)])]

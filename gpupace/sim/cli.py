@@ -27,7 +27,7 @@ from .table import finite, format_table, plot_table, scaling_table
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
 # default) and 20 more measured steps at the least.
 MIN_STEPS = 50
-STUDY = ("study (PAPER.md): 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
+STUDY = ("the study gpupace implements: 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
          "8200 -> 9100 samples/s (+11.0%)")
 
 
@@ -178,7 +178,7 @@ def no_coupling_note(name: str) -> str:
     """Why none, gpupace and oracle agree on an uncoupled scenario, and how to add a coupling."""
     return (f"note: {name} has no coupling (Scenario.coupling = 0): without one, pacing cannot "
             "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties "
-            "(DESIGN.md, 'Why pacing can raise throughput'). No telemetry file shows a "
+            "(README, 'What if the job ran on 512 GPUs'). No telemetry file shows a "
             "coupling; to assume one, use Python: fit_telemetry(path).scenario(nodes, "
             "coupling=0.2, paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see "
             "--preset amplification.")
