@@ -139,7 +139,7 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     assert [r["ranks"] for r in rows] == [8, 8, 8, 32, 32, 32]
     out = capsys.readouterr().out
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
-    assert len(note) == 1 and "coupling=0.2" in note[0] and "Why pacing can raise" in note[0]
+    assert len(note) == 1 and "coupling=0.2" in note[0] and "What if the job ran on 512 GPUs" in note[0]
 
 
 def test_fit_reads_jitter_as_noise(tmp_path):
