@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -49,6 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpupace {argv[0]}: interrupted", file=sys.stderr)
         return 130
+
+
+def check_output_file(option: str, path: str) -> None:
+    """ValueError naming `option` unless `path` can be written as a file: not a directory,
+    and its nearest existing parent a writable directory (the missing ones are created).
+    For the subcommands, before a run whose results a bad path would cost."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option} must be a file path, got the directory {path!r}")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{option} must be a path whose folder can be created and written, "
+                         f"got {path!r} ({parent} is not a writable directory)")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .cli import check_output_file
 from .config import PaceConfig
 from .launch import run_ranks
 
@@ -167,8 +168,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Before the run, not after it: a bad path must not cost the results."""
     if args.telemetry and Path(args.telemetry).exists() and not Path(args.telemetry).is_dir():
         raise ValueError(f"--telemetry must be a directory, got the file {args.telemetry}")
-    if args.json and Path(args.json).is_dir():
-        raise ValueError(f"--json must be a file path, got the directory {args.json}")
+    if args.json:
+        check_output_file("--json", args.json)
 
 
 def _make_outputs(args: argparse.Namespace) -> None:

@@ -85,7 +85,8 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
     a_file = tmp_path / "f"
     a_file.write_text("")
     assert main(["demo", "--json", str(tmp_path)]) == 2
-    assert f"--json must be a file path, got the directory {tmp_path}" in capsys.readouterr().err
+    assert (f"--json must be a file path, got the directory {str(tmp_path)!r}"
+            in capsys.readouterr().err)
     assert main(["demo", "--telemetry", str(a_file)]) == 2
     assert f"--telemetry must be a directory, got the file {a_file}" in capsys.readouterr().err
     assert main(["demo", "--json", str(a_file / "out.json")]) == 2  # a file as a parent

@@ -73,9 +73,9 @@ def test_cli_rejects_empty_nodes_short_runs_and_names_the_option(capsys, argv, o
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("option,value,expected", [
-    ("--json", "{dir}", "which is a directory"),
-    ("--telemetry", "{dir}", "which is a directory"),
-    ("--plot", "{dir}/sim.png", "which is a directory"),
+    ("--json", "{dir}", "must be a file path, got the directory"),
+    ("--telemetry", "{dir}", "must be a file path, got the directory"),
+    ("--plot", "{dir}/sim.png", "must be a file path, got the directory"),
     ("--plot", "{dir}/out.txt", ".png"),
     ("--json", "{file}/x.json", "not a writable directory"),
 ])

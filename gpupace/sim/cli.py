@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..cli import check_output_file
 from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
@@ -66,20 +66,6 @@ def parse_nodes(text: str) -> list[int]:
     return nodes
 
 
-def check_output(option: str, path: str) -> None:
-    """ValueError naming `option` unless `path` can be written as a file: not a directory,
-    and its nearest existing parent a writable directory (the missing ones are created)."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{option} must be a file path, got {path!r}, which is a directory")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise ValueError(f"{option} must be a path whose folder can be created and written, "
-                         f"got {path!r} ({parent} is not a writable directory)")
-
-
 def check_plot(path: str) -> None:
     """ValueError naming --plot unless matplotlib writes `path`'s extension."""
     from matplotlib.backend_bases import FigureCanvasBase
@@ -89,7 +75,7 @@ def check_plot(path: str) -> None:
     if ext not in formats:
         raise ValueError(f"--plot must end in a format matplotlib writes "
                          f"({', '.join('.' + f for f in formats)}), got {path!r}")
-    check_output("--plot", path)
+    check_output_file("--plot", path)
 
 
 def check_arguments(args: argparse.Namespace) -> list[int]:
@@ -105,11 +91,11 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
     if args.from_telemetry and args.preset:
         raise ValueError("give --preset or --from-telemetry, not both")
     if args.json:
-        check_output("--json", args.json)
+        check_output_file("--json", args.json)
     if args.plot:
         check_plot(args.plot)
     if args.telemetry:
-        check_output("--telemetry", args.telemetry.replace("{nodes}", "1")
+        check_output_file("--telemetry", args.telemetry.replace("{nodes}", "1")
                      .replace("{policy}", "none"))
     return nodes
 
