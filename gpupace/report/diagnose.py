@@ -261,23 +261,28 @@ def clear_last(run: Run) -> np.ndarray:
         & (np.nan_to_num(run.spread) > thr)
 
 
+def last_counts(run: Run) -> np.ndarray:
+    """[world size]: how often each rank arrived last, over the measured steps with a clear
+    last rank (`clear_last`)."""
+    return np.bincount(run.straggler[clear_last(run)], minlength=run.world_size)[:run.world_size]
+
+
 def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | None:
     """The rank most often last: how often (of the measured steps with a clear last rank) and
     by how much (its median lateness behind the median rank). `persistent` when it is last
     at least halfway between chance and always: (1 + 1/N) / 2 of them, 75% at 2 ranks, just
     over half at many (twice chance, the rule before, asked 100% of 2 ranks). None when no
     step has a clear last."""
-    keep = clear_last(run)
-    if not keep.any():
+    hist = last_counts(run)
+    if not hist.any():
         return None
-    hist = np.bincount(run.straggler[keep], minlength=run.world_size)
     r = int(np.argmax(hist))
     frac = float(hist[r] / hist.sum())
     if offset is None:
         offset = locality_offsets(run, measured(run))[0]
     behind = float(offset[r]) if r < offset.size else float("nan")
     return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
-            "steps_with_clear_last": int(keep.sum()), "behind_median_us": behind,
+            "steps_with_clear_last": int(hist.sum()), "behind_median_us": behind,
             "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0)}
 
 

@@ -3,8 +3,9 @@
 Each function draws one figure for one or several runs and returns its file name.
 Distributions and counts (CDF, heatmap, straggler histogram, lost time) cover the measured
 steps only, as the summary and the diagnosis do: the warm-up is left out. The time series
-(step time, spread, pacing) show it, left of a dashed line. Long runs are reduced to at most `MAX_POINTS` bins (median line, min-max band) so that a million
-steps plot as fast as a thousand and the picture still shows the spikes.
+(step time, spread, pacing) show it, left of a dashed line. Long runs are reduced to at most
+`MAX_POINTS` bins (median line, min-max band) so that a million steps plot as fast as a
+thousand and the picture still shows the spikes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .compare import pairs
-from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, clear_last, measured
+from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, last_counts, measured
 from .load import Run
 
 MAX_POINTS = 1500
@@ -201,9 +202,8 @@ def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
 def straggler_counts(run: Run) -> tuple[np.ndarray, int, int]:
     """(steps each rank arrived last, steps counted, measured steps): over the measured steps
     with a clear last rank (`diagnose.clear_last`)."""
-    keep = clear_last(run)
-    hist = np.bincount(run.straggler[keep], minlength=run.world_size)[:run.world_size]
-    return hist, int(keep.sum()), int(measured(run).sum())
+    hist = last_counts(run)
+    return hist, int(hist.sum()), int(measured(run).sum())
 
 
 def stragglers(runs: Sequence[Run], out: Path) -> str:
@@ -253,7 +253,8 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
         ax2.set_yticklabels(["off", "on"])
         ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
         ax.set_ylabel("delay (ms)")
-        on_measured = float(on[measured(run)].mean()) if measured(run).any() else 0.0
+        ok = measured(run)
+        on_measured = float(on[ok].mean()) if ok.any() else 0.0
         ax.set_title(f"{run.label}: delays applied; pacing on {100 * on_measured:.0f}% of the "
                      "measured steps (green)", fontsize=10)
         ax.grid(alpha=0.3)
