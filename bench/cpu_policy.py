@@ -5,6 +5,9 @@ simulator's every-rank update, the pure `update` and the NumPy twin `update_refe
 Inputs look like a paced job: waits of a few hundred us with a few late ranks, so the spread
 stays above the threshold and the full path runs (floors, hysteresis on, clamps, the per-rank
 cap). The state is carried from call to call as in a real loop, past the warm-up steps.
+Each call gets views of a gathered matrix written just before it (untimed), as the host
+backend's all_gather writes it; the other implementations run in between, so code, state and
+everything else start cold, as after the rest of a training step.
 When the 4096 x 4 target is missed, a cProfile of that case is kept in the JSON extras.
 """
 
@@ -52,9 +55,13 @@ def implementations() -> dict[str, Callable]:
 
 
 def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = None):
-    """Returns `step()`, one policy update (`fn` from `implementations()`, default the host
-    backend's) on fresh inputs with the state carried over, and the box holding the state;
-    inputs are drawn up front so the timed call is the update alone. The first calls (JIT compile, warm-up) are untimed."""
+    """Returns `(prepare, step, box)`: `prepare()` writes the next inputs into a gathered
+    matrix [N, 2 + 2 S] laid out as the host backend's (count, step time, waits, delays), as
+    its all_gather does once a step; `step()` runs one policy update (`fn` from
+    `implementations()`, default the host backend's) on views of that matrix, as the backend
+    passes them, with the state carried over in `box`. Time `step` alone: between calls the
+    rest of a training step runs, so all but the freshly written inputs is cold in a real loop
+    too. The first calls (JIT compile, warm-up) are untimed."""
     from gpupace import PaceConfig, policy
 
     fn = implementations()["own_rank"] if fn is None else fn
@@ -64,19 +71,25 @@ def make_case(n_ranks: int, n_sites: int, seed: int = 0, fn: Callable | None = N
     # Arrival earliness up to ~2 ms, a transfer of ~300 us; a random rank is the straggler.
     early = rng.exponential(400.0, size=(n_inputs, n_ranks, n_sites))
     early[np.arange(n_inputs), rng.integers(0, n_ranks, n_inputs)] = 0.0
-    waits = 300.0 + early + rng.uniform(0, 5, size=early.shape)
-    delays = np.zeros_like(waits)
-    steps = rng.normal(20_000.0, 500.0, size=(n_inputs, n_ranks))
+    inputs = np.zeros((n_inputs, n_ranks, 2 + 2 * n_sites))
+    inputs[:, :, 0] = n_sites
+    inputs[:, :, 1] = rng.normal(20_000.0, 500.0, size=(n_inputs, n_ranks))
+    inputs[:, :, 2:2 + n_sites] = 300.0 + early + rng.uniform(0, 5, size=early.shape)
+    rows = np.empty((n_ranks, 2 + 2 * n_sites))
     box = {"state": policy.init_state(n_ranks, n_sites), "i": 0}
 
+    def prepare() -> None:
+        rows[:] = inputs[box["i"] % n_inputs]
+
     def step() -> None:
-        i = box["i"] % n_inputs
-        box["state"] = fn(params, box["state"], waits[i], delays[i], steps[i])
+        w, d = rows[:, 2:2 + n_sites], rows[:, 2 + n_sites:]
+        box["state"] = fn(params, box["state"], w, d, rows[:, 1])
         box["i"] += 1
 
     for _ in range(params.warmup_steps + params.on_steps + 2):  # past warm-up, pacing on
+        prepare()
         step()
-    return step, box
+    return prepare, step, box
 
 
 def bench_policy(h: Harness) -> None:
@@ -93,8 +106,9 @@ def bench_policy(h: Harness) -> None:
         for n in worlds:
             # The implementations run interleaved on the same inputs: noise hits both alike.
             cases = {name: make_case(n, s, fn=fn) for name, fn in impls.items()}
-            samples = interleave({k: c[0] for k, c in cases.items()}, warmup=warm, repeats=reps)
-            for name, (_, box) in cases.items():
+            samples = interleave({k: c[1] for k, c in cases.items()}, warmup=warm, repeats=reps,
+                                 prepare={k: c[0] for k, c in cases.items()})
+            for name, (_, _, box) in cases.items():
                 case = {"impl": name, "world": n, "sites": s}
                 med[name][s][n] = h.record("policy_update", case, samples[name])["p50"]
                 active[f"{name} {n}x{s}"] = bool(box["state"].active.any())
@@ -123,12 +137,13 @@ def bench_policy(h: Harness) -> None:
 
 def profile(n_ranks: int, n_sites: int, calls: int = 300) -> str:
     """cProfile of `calls` updates, top entries by own time: where the microseconds go."""
-    step, _ = make_case(n_ranks, n_sites)
+    prepare, step, _ = make_case(n_ranks, n_sites)
     prof = cProfile.Profile()
-    prof.enable()
     for _ in range(calls):
+        prepare()
+        prof.enable()
         step()
-    prof.disable()
+        prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
     return buf.getvalue()

@@ -212,10 +212,12 @@ def interleave(
     repeats: int,
     sync: Callable[[], Any] | None = None,
     before: Callable[[], Any] | None = None,
+    prepare: Mapping[str, Callable[[], Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Times several variants in one loop, rotating their order every repeat, so that noise
     from a shared machine hits all of them alike and sample i of each variant is a fair pair.
-    `before` runs untimed before every timed call (e.g. a barrier). The rotation depends only
+    `before` runs untimed before every timed call (e.g. a barrier); `prepare[k]` untimed before
+    each call of variant k (e.g. writing its inputs afresh, as a collective would). The rotation depends only
     on the repeat index, so ranks running the same loop issue the same collectives in order."""
     names = list(fns)
     out = {k: np.empty(repeats) for k in names}
@@ -225,6 +227,8 @@ def interleave(
         for k in names[shift:] + names[:shift]:
             if before is not None:
                 before()
+            if prepare is not None and k in prepare:
+                prepare[k]()
             if sync is not None:
                 sync()
             t0 = clock()

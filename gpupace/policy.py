@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import PaceConfig
-from .policy_fast import ABSURD_US, fused_update
+from .policy_fast import ABSURD_US, compile_fused, fused_update
 
 MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
 FUSED_MIN_ELEMENTS = 256
@@ -193,9 +193,7 @@ def prepare_fused() -> float:
     if _fused_ready:
         return 0.0
     t0 = time.perf_counter()
-    n = 2  # the kernel is compiled for the argument types, not the sizes: any will do
-    _update_fused(PolicyParams.from_config(PaceConfig(), n), init_state(n, 1), np.zeros((n, 1)),
-                  np.zeros((n, 1)), np.full(n, np.nan), 0)
+    compile_fused()
     _fused_ready = True
     return time.perf_counter() - t0
 
@@ -206,31 +204,50 @@ def _fused_by_default(state: PolicyState) -> bool:
 
 def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us,
                   rank: int | None) -> StepStats:
-    n, s = state.shape
-    # C-contiguous inputs, copied when they are views (the host's rows): one set of argument
-    # types, so the kernel `prepare_fused` compiled is the one every call uses.
-    w, d, step_us = _inputs(state, wait, delay, step_us)
-    _check_rank(rank, n)
-    # The kernel runs site-major on [S, N]: transposes of Fortran-ordered [N, S] arrays (no copy
-    # once the state is in that order, as `init_state` makes it).
-    if not (state.floor.flags.f_contiguous and state.calm.flags.f_contiguous
-            and state.mean.flags.f_contiguous and state.var.flags.f_contiguous):
+    if not _fused_ready:
+        prepare_fused()
+    floor, calm, mean, var = state.floor, state.calm, state.mean, state.var
+    n, s = floor.shape
+    # The kernel has one signature (`policy_fast.SIGNATURE`): float64 inputs, strided or not,
+    # and a Fortran-ordered state, which it reads site-major as [S, N] transposes. The usual
+    # case is told by cheap attribute tests: each Python step costs ~0.5 us on a cold cache,
+    # as it is once a training step.
+    if not (type(wait) is np.ndarray and type(delay) is np.ndarray
+            and type(step_us) is np.ndarray and wait.dtype is _F64 and delay.dtype is _F64
+            and step_us.dtype is _F64 and wait.shape == delay.shape == (n, s)
+            and step_us.shape == (n,)):
+        wait, delay, step_us = _inputs(state, wait, delay, step_us)
+    if rank is None:
+        only = -1
+    else:
+        _check_rank(rank, n)
+        only = int(rank)
+    fortran = (8, 8 * n)
+    if not (floor.strides == mean.strides == var.strides == calm.strides == fortran
+            and calm.dtype is _I64):
         for name in ("floor", "calm", "mean", "var"):
             setattr(state, name, np.asfortranarray(getattr(state, name)))
+        state.calm = state.calm.astype(np.int64, copy=False)
+        floor, calm, mean, var = state.floor, state.calm, state.mean, state.var
     # The outputs in two blocks: earliness and next delays, [N, S] views of [2, S, N]; spread,
     # residual and transfer, [3, S].
     per_rank, per_site = np.empty((2, s, n)), np.empty((3, s))
     valid, straggler = np.empty(n, dtype=bool), np.empty(s, dtype=np.int64)
-    cap, state.step = fused_update(
-        _as_array(params), state.floor.T, state.calm.T, state.mean.T, state.var.T,
-        state.active, state.above, state.below, state.step, w, d, step_us, per_rank, valid,
-        per_site, straggler, -1 if rank is None else int(rank))
+    kernel_state = (_as_array(params), floor.T, calm.T, mean.T, var.T, state.active,
+                    state.above, state.below, state.step)
+    outputs = (per_rank, valid, per_site, straggler, only)
+    try:
+        cap, state.step = fused_update(*kernel_state, wait, delay, step_us, *outputs)
+    except TypeError:  # read-only or unaligned inputs, which the signature does not take
+        wait, delay, step_us = (np.array(a, dtype=np.float64) for a in (wait, delay, step_us))
+        cap, state.step = fused_update(*kernel_state, wait, delay, step_us, *outputs)
     state.delay = per_rank[1].T
     return StepStats(earliness=per_rank[0].T, spread=per_site[0], residual=per_site[1],
                      straggler=straggler, transfer=per_site[2], valid=valid, cap_us=float(cap),
                      delay=state.delay, active=state.active.copy())
 
 
+_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)
 _params_array: tuple[PolicyParams | None, np.ndarray] = (None, np.empty(0))
 
 

@@ -8,24 +8,43 @@ a contiguous stream of selects rather than branches; the state is updated in pla
 The first pass proves every rank valid from the extremes it takes anyway (the exact per-rank
 test, four comparisons per value, cost ~20 us at 4096 x 4 and runs only when that proof
 fails) and writes w + d into the earliness output, not a scratch matrix.
-Costs on the 2-core VM at 4096 ranks x 4 sites, per update: ~25-35 us the first pass (one
-read of the inputs, cold in a training loop), ~17 us the median of the step times, ~8 us
-the earliness and delay outputs, ~15-25 us of Python around the call (half of it Numba's
-dispatch on the arguments, cold: hence the packed ones). A pacer needs only its own rank's
-state (`only`), which shrinks the state pass to S elements. Per update, 108-187 us p50 over
-four runs of bench/cpu_policy (whose NumPy reference between calls leaves every cache cold);
-packing the arguments (35 -> 17) took 192 -> 176 us off a cold 4096 x 4 update and
-103 -> 77 us off an 8 x 4 one, in one A/B run with the NumPy reference between calls.
+Costs on the 2-core VM at 4096 ranks x 4 sites, per update, warm: ~55 us in the kernel, of
+which ~20 us the first pass, ~15 us the median of the step times and ~15 us the earliness and
+delay outputs; on a cold cache, as once a training step, ~40 us more. Around it ~20-40 us of
+Python, half of it Numba's dispatch on the arguments (hence the packed ones: 35 -> 17 took
+192 -> 176 us off a cold update). A pacer needs only its own rank's state (`only`), which
+shrinks the state pass to S elements. bench/cpu_policy, with the host backend's strided
+inputs: 98-132 us p50 over four runs on one day.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba import types as nt
 
 # A wait, delay or step of more than 1000 s is a broken clock or a corrupted row, not a measurement.
 ABSURD_US = 1e9
 MODE_PACE = 2
+_F, _I = nt.float64, nt.int64
+# The one signature `fused_update` is compiled for (see `compile_fused`). w, d and step_us are
+# strided ('A'): the host backend passes columns of its gathered [N, 2 + 2 W] matrix, and a
+# copy of them into contiguous arrays cost more than the update (4096 x 4 on the 2-core VM:
+# 267 us p50 with the copies, 145 us without, in one interleaved run). Contiguous arrays
+# convert to 'A' for free. The state and outputs are the kernel's own, always contiguous.
+SIGNATURE = (_F[::1], _F[:, ::1], _I[:, ::1], _F[:, ::1], _F[:, ::1], nt.boolean[::1],
+             _I[::1], _I[::1], _I, _F[:, :], _F[:, :], _F[:], _F[:, :, ::1], nt.boolean[::1],
+             _F[:, ::1], _I[::1], _I)
+
+
+def compile_fused() -> None:
+    """Compiles `fused_update` for `SIGNATURE` (~9 s on the 2-core VM the first time on a
+    machine; Numba caches it on disk, ~0.5 s to load) and turns further compiles off, so that
+    an argument of another type raises TypeError instead of compiling inside a training loop."""
+    if fused_update.signatures:
+        return
+    fused_update.compile(SIGNATURE)
+    fused_update.disable_compile()
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -93,14 +112,8 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
     if mode != MODE_PACE:
         active[:] = False
 
-    step_us_known = np.empty(n)
-    m = 0
-    for i in range(n):
-        x = step_us[i]
-        if 0.0 < x < ABSURD_US:
-            step_us_known[m] = x
-            m += 1
-    cap = min(max_delay_us, cap_fraction * median(step_us_known[:m])) if m else 0.0
+    typical = median_known(step_us)
+    cap = min(max_delay_us, cap_fraction * typical) if typical == typical else 0.0
     pacing = learning and mode == MODE_PACE
 
     # Each element of delay is written once (twice for `only`'s rank); earliness holds w + d
@@ -207,23 +220,31 @@ def _validity(w, d, valid):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def median(x):
-    """np.median of finite values, by a histogram of N/8 bins between min and max and a
-    partition of the bins that hold the middle: two passes and a small sort instead of a
-    quickselect, whose mispredicted branches cost ~25 us at 4096 ranks on the 2-core VM.
-    Exact: the bin index is monotone in the value, so the middle order statistics are in
-    the bins where the cumulative counts say they are."""
-    n = x.size
-    lo, hi = np.inf, -np.inf  # x is finite: plain selects, not NumPy's NaN-aware min and max
+def median_known(x):
+    """np.median of the known values of x, those in (0, ABSURD_US) (a step time is unknown as
+    NaN, 0 or absurd); NaN when none is. One pass keeps them and takes their extremes, then a
+    histogram of N/8 bins between min and max and a partition of the bins that hold the
+    middle: two passes more and a small sort instead of a quickselect, whose mispredicted
+    branches cost ~25 us at 4096 ranks on the 2-core VM. Exact: the bin index is monotone in
+    the value, so the middle order statistics are in the bins where the cumulative counts say
+    they are."""
+    known = np.empty(x.size)
+    n = 0
+    lo, hi = np.inf, -np.inf
     for v in x:
-        lo = v if v < lo else lo
-        hi = v if v > hi else hi
+        if 0.0 < v < ABSURD_US:
+            known[n] = v
+            n += 1
+            lo = v if v < lo else lo
+            hi = v if v > hi else hi
+    if n == 0:
+        return np.nan
     if lo == hi:
         return lo
+    x = known[:n]
     if n < 64:
-        y = x.copy()
-        sort_in_place(y)
-        return 0.5 * (y[(n - 1) // 2] + y[n // 2])
+        sort_in_place(x)
+        return 0.5 * (x[(n - 1) // 2] + x[n // 2])
     bins = n // 8
     scale = bins / (hi - lo)
     counts = np.zeros(bins + 1, dtype=np.int64)

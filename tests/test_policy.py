@@ -19,7 +19,7 @@ from gpupace.policy import (
     update_in_place,
     update_reference,
 )
-from gpupace.policy_fast import median
+from gpupace.policy_fast import median_known
 
 PACE = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, off_steps=3, holdoff_factor=0.0,
                   threshold_us=100.0, release_us=50.0)
@@ -274,12 +274,18 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
 
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 1000, 4096, 4097])
-def test_fused_median_is_numpys(n):
-    """`policy_fast.median` takes a histogram path from 64 values on; it must stay exact."""
+def test_fused_median_is_numpys_over_the_known_values(n):
+    """`policy_fast.median_known` takes a histogram path from 64 known values on; it must stay
+    exact, and leave out what is not a step time (NaN, 0, negative, absurd)."""
     rng = np.random.default_rng(n)
+    broken = np.r_[np.nan, 0.0, -3.0, 2e9, np.inf][: max(0, n - 1)]
     for x in (rng.normal(2e4, 500, n), np.full(n, 7.0), rng.exponential(1.0, n) ** 6,
-              rng.integers(0, 3, n).astype(float), np.r_[rng.normal(2e4, 5, n - 1), 1e8]):
-        assert median(x) == np.median(x)
+              rng.integers(1, 4, n).astype(float), np.r_[rng.normal(2e4, 5, n - 1), 1e8]):
+        assert median_known(x) == np.median(x)
+        x[rng.permutation(n)[: broken.size]] = broken
+        known = x[(x > 0) & (x < 1e9)]
+        assert median_known(x) == np.median(known)
+    assert np.isnan(median_known(np.full(n, np.nan)))
 
 
 def test_update_in_place_matches_update_with_broken_ranks():
@@ -418,3 +424,33 @@ def test_one_rank_update_gives_that_rank_the_full_updates_delays():
     for bad in (-1, n, 1.5, True):
         with pytest.raises(ValueError, match="rank"):
             update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=bad)
+
+
+def test_fused_update_reads_the_gathered_matrix_in_place():
+    """The host backend passes columns of its gathered [N, 2 + 2 S] matrix: the kernel takes
+    those strided views as they are (one compiled signature, no copy), and read-only or
+    float32 inputs too, all with the same numbers as contiguous copies."""
+    import gpupace.policy_fast as fast
+
+    rng = np.random.default_rng(11)
+    n, s = 64, 3
+    rows = np.empty((n, 2 + 2 * s))
+    rows[:, 1] = rng.normal(2e4, 300, n)
+    rows[:, 2:2 + s] = 100 + rng.exponential(500, (n, s))
+    rows[:, 2 + s:] = rng.uniform(0, 50, (n, s))
+    w, d, steps = rows[:, 2:2 + s], rows[:, 2 + s:], rows[:, 1]
+    params = PolicyParams.from_config(PaceConfig(mode="pace", warmup_steps=0), n)
+    copies = [np.ascontiguousarray(a) for a in (w, d, steps)]
+    frozen = [a.copy() for a in copies]
+    for a in frozen:
+        a.flags.writeable = False
+    narrow = [a.astype(np.float32) for a in copies]
+    want = update(params, init_state(n, s), *copies, fused=True, rank=5)
+    for inputs in ((w, d, steps), frozen, narrow):
+        got = update(params, init_state(n, s), *inputs, fused=True, rank=5)
+        tol = 1e-4 if inputs is narrow else 0.0
+        for name in ("earliness", "spread", "straggler", "delay"):
+            np.testing.assert_allclose(getattr(got[1], name), getattr(want[1], name), rtol=tol,
+                                       atol=tol, err_msg=name)
+        np.testing.assert_allclose(got[0].floor, want[0].floor, rtol=tol, atol=tol)
+    assert len(fast.fused_update.signatures) == 1  # every call took the one compiled kernel
