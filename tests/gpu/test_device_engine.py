@@ -144,7 +144,9 @@ def test_capture_once_replay_200_with_skew_delays_adapt(figures):
     figures["graph_replay_learned_delay_us"] = d
     # rank 0 arrives 300 us before the last; it is paced to about 300 - guard
     assert 250.0 <= d <= 300.0, d
-    assert float(eng.state["delay"][1:, 0].abs().max().item()) == 0.0
+    # the last arrival (rank 1) waits for nobody; rank 2, 150 us early, learns about 150 - guard
+    assert float(eng.state["delay"][1, 0].item()) == 0.0
+    assert 100.0 <= float(eng.state["delay"][2, 0].item()) <= 150.0
     recs = eng.drain()
     assert recs[-1].delay_us[0] > 250.0  # the spin applied it inside the replays
     assert recs[-1].spread_us == pytest.approx(300.0, abs=5.0)
