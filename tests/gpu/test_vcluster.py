@@ -10,9 +10,15 @@ import torch
 from gpupace import PaceConfig
 
 
+# Compute every rank does before its skew, as in training (compute >> spread): the step time,
+# and so the policy's cap (a fraction of it), stays well above the skews, and the GPU, not the
+# host's launches (tens of us each), decides when ranks arrive and leave.
+COMPUTE_US = 2000.0
+
+
 def skews(n, steps, base_us, jitter_us, seed=0):
     rng = np.random.default_rng(seed)
-    s = base_us[None, :] + rng.uniform(0, jitter_us, (steps, n))
+    s = COMPUTE_US + base_us[None, :] + rng.uniform(0, jitter_us, (steps, n))
     return torch.tensor(s, dtype=torch.float32, device="cuda")
 
 
