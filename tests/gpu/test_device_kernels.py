@@ -55,9 +55,10 @@ def test_spin_precision_requested_vs_applied(tick_ns, figures):
         a = applied.cpu().numpy().astype(np.float64)
         err = a - req
         errors[req] = err
-        # the spin never stops early by more than a tick, and the events saw it wait
+        # the spin never stops early by more than a tick, and the events saw it wait: on a
+        # timer of tick T a spin measured as d may have lasted only d - T
         assert err.min() >= -tick_ns * 1e-3 - 1e-3, (req, err.min())
-        assert start.elapsed_time(end) * 1e3 >= reps * req * 0.99
+        assert start.elapsed_time(end) * 1e3 >= reps * (req - tick_ns * 1e-3) * 0.99
         # loose bound here; the target (p99 <= tick + 1 us) is reported by the device check
         assert np.percentile(err, 99) <= tick_ns * 1e-3 + 10.0, (req, np.percentile(err, 99))
     all_err = np.concatenate(list(errors.values()))
