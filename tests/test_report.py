@@ -317,3 +317,17 @@ def test_signatures_follow_the_physics(sim_dir, tmp_path):
         ev[mode] = next(m.evidence for m in d.modes if m.mode == "runtime_jitter")
     assert ev["runtime_jitter"]["regime_switching"] is True
     assert ev["fabric_contention"]["regime_switching"] is False
+
+
+def test_lateness_is_behind_the_median_rank_or_the_earliest_of_two():
+    """One rule for the locality offsets, the steps that paid them and the heatmap: behind the
+    median rank, behind the earliest at 2 ranks (the median would halve the offset); a NaN
+    earliness is left out of the reference, not spread over its step."""
+    from gpupace.report.diagnose import lateness
+
+    e = np.array([[900.0, 500.0, 0.0], [800.0, 400.0, 100.0]])
+    np.testing.assert_array_equal(lateness(e), [[-400.0, 0.0, 500.0], [-400.0, 0.0, 300.0]])
+    np.testing.assert_array_equal(lateness(e[:, 1:]), [[0.0, 500.0], [0.0, 300.0]])
+    e[1, 0] = np.nan
+    np.testing.assert_array_equal(lateness(e)[1], [np.nan, -150.0, 150.0])
+    np.testing.assert_array_equal(lateness(e)[0], [-400.0, 0.0, 500.0])

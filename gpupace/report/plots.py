@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .compare import pairs
-from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, last_counts, measured
+from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, last_counts, lateness, measured
 from .load import Run
 
 MAX_POINTS = 1500
@@ -169,10 +169,8 @@ def lateness_heatmap(run: Run, out: Path, name: str) -> str:
     if not ok.any():  # nothing measured: the whole run rather than an empty picture
         ok = np.ones(run.steps, dtype=bool)
     e, steps = run.earliness[ok], run.step[ok]
-    ref = np.nanmedian(e, axis=1, keepdims=True) if e.shape[1] > 2 else \
-        np.nanmax(e, axis=1, keepdims=True)
     with np.errstate(all="ignore"):
-        late = (ref - e) / 1e3  # ms
+        late = lateness(e) / 1e3  # ms
     late = _pool(_pool(late, MAX_HEAT_STEPS, axis=0), MAX_HEAT_RANKS, axis=1)
     fig, ax = plt.subplots(figsize=(9, max(2.8, min(6.0, 1.2 + 0.25 * late.shape[1]))))
     finite = late[np.isfinite(late)]
