@@ -5,6 +5,7 @@ reported anywhere)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -122,3 +123,33 @@ def test_a_budget_that_is_not_positive_is_refused(capsys):
         dc.main(["--budget", "0"])
     assert e.value.code == 2 and "--budget must be a positive number of seconds, got 0.0" in \
         capsys.readouterr().err
+
+
+def test_gpu_tests_without_cupy_skip_only_those_that_need_it(tmp_path):
+    """On a GPU machine without cupy the clock, spin and Triton kernel tests still run; the
+    reduction, the device backend and the virtual cluster skip, naming cupy. Collected here with
+    CUDA faked and cupy hidden."""
+    (tmp_path / "fake_gpu_no_cupy.py").write_text(
+        "import sys, torch\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "sys.modules['cupy'] = None\n"
+        "def pytest_collection_finish(session):\n"
+        "    for it in session.items:\n"
+        "        sk = it.get_closest_marker('skip')\n"
+        "        print('ITEM', it.name, 'SKIP ' + sk.kwargs['reason'] if sk else 'RUNS')\n")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_gpu_no_cupy",
+                        "-p", "no:cacheprovider", "--collect-only", "tests/gpu"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    items = dict(line.split(" ", 2)[1:] for line in p.stdout.splitlines()
+                 if line.startswith("ITEM "))
+    assert p.returncode == 0 and items, p.stdout + p.stderr
+    runs = {k for k, v in items.items() if v == "RUNS"}
+    assert {"test_timer_tick_is_measured", "test_spin_precision_requested_vs_applied",
+            "test_enter_exit_on_device", "test_spin_coupling_figure"} <= runs
+    assert any(k.startswith("test_update_kernel_on_device_matches_policy") for k in runs)
+    skipped = {k: v for k, v in items.items() if v != "RUNS"}
+    assert {"test_zero_host_syncs_per_step",
+            "test_zz_capture_without_warmup_is_a_clear_error"} <= set(skipped)
+    assert any(k.startswith("test_cupy_reduction") for k in skipped)
+    assert all("needs cupy" in v for v in skipped.values()), skipped

@@ -1,6 +1,8 @@
-"""GPU tests: every test here carries the `gpu` marker and skips without CUDA (and without
-triton or cupy, naming which). Measured figures go to the JSON file named by GPUPACE_FIGURES
-(bench/device_check.py sets it), so one device run records every number it measured."""
+"""GPU tests: every test here carries the `gpu` marker and skips without CUDA or triton; those
+marked `cupy` (the reduction, the device backend, the virtual cluster) also skip without cupy,
+so that a machine without it still measures the clock, the spin and the Triton kernels. Measured
+figures go to the JSON file named by GPUPACE_FIGURES (bench/device_check.py sets it), so one
+device run records every number it measured."""
 
 from __future__ import annotations
 
@@ -12,25 +14,29 @@ import pytest
 import torch
 
 
-def _missing() -> str | None:
-    if not torch.cuda.is_available():
-        return "needs CUDA"
-    for mod in ("triton", "cupy"):
-        try:
-            __import__(mod)
-        except ImportError:
-            return f"needs {mod}: pip install 'gpupace[cuda12]'"
+def _missing(mod: str) -> str | None:
+    try:
+        __import__(mod)
+    except Exception as e:  # a broken install raises more than ImportError
+        return (f"needs {mod} ({type(e).__name__}: {e}): pip install 'gpupace[cuda12]' "
+                f"(or 'gpupace[cuda13]')")
     return None
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cupy: a GPU test that also needs cupy")
+
+
 def pytest_collection_modifyitems(config, items):
-    why = _missing()
+    why = "needs CUDA" if not torch.cuda.is_available() else _missing("triton")
+    why_cupy = why or _missing("cupy")
     here = os.path.dirname(__file__)
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.gpu)
-            if why:
-                item.add_marker(pytest.mark.skip(reason=why))
+            skip = why_cupy if item.get_closest_marker("cupy") else why
+            if skip:
+                item.add_marker(pytest.mark.skip(reason=skip))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,6 +13,8 @@ import torch
 
 from gpupace import PaceConfig, Pacer
 
+pytestmark = pytest.mark.cupy  # the device backend reduces with CuPy
+
 
 def paced_config(**kw):
     base = dict(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.0, threshold_us=20.0,

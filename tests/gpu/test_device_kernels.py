@@ -95,6 +95,7 @@ def random_rows(rng, n, m, n_sites, bad=True):
     return g, w, d, st
 
 
+@pytest.mark.cupy
 @pytest.mark.parametrize("n,m,n_sites", [(1, 1, 1), (2, 3, 2), (3, 7, 7), (17, 5, 3),
                                          (300, 2, 1), (1000, 64, 64)])
 def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):

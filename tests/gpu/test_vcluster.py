@@ -5,10 +5,10 @@ spinning CTAs against one spinning warp). Skipped without CUDA."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from gpupace import PaceConfig
-
 
 # Compute every rank does before its skew, as in training (compute >> spread): the step time,
 # and so the policy's cap (a fraction of it), stays well above the skews, and the GPU, not the
@@ -22,6 +22,7 @@ def skews(n, steps, base_us, jitter_us, seed=0):
     return torch.tensor(s, dtype=torch.float32, device="cuda")
 
 
+@pytest.mark.cupy
 def test_estimated_spread_matches_shared_clock_truth(figures):
     from gpupace.vcluster import VirtualCluster
 
@@ -42,6 +43,7 @@ def test_estimated_spread_matches_shared_clock_truth(figures):
     assert (err <= np.maximum(2.0, 0.05 * t)).all(), (err.max(), t[err.argmax() // 2])
 
 
+@pytest.mark.cupy
 def test_pacing_in_the_virtual_cluster_shrinks_the_entry_spread(figures):
     from gpupace.vcluster import VirtualCluster
 

@@ -8,6 +8,8 @@ import torch
 
 from gpupace import PaceConfig, Pacer
 
+pytestmark = pytest.mark.cupy  # the device backend reduces with CuPy
+
 
 def test_zz_capture_without_warmup_is_a_clear_error(nccl_group):
     from gpupace.backends.device import WarmupError
