@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import faulthandler
+import importlib.util
 import json
 import os
 import platform
@@ -85,8 +86,6 @@ def ensure_installed() -> bool:
 def kernels_here() -> bool:
     """Whether `gpupace.kernels` imports from this checkout's kernels/ (not from another
     checkout's editable install). Prints why not when gpupace itself does not import."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("gpupace.kernels")
     except ImportError as e:
@@ -156,6 +155,24 @@ def machine() -> dict[str, Any]:
 
 
 # -- microbenchmarks ---------------------------------------------------------------------------
+
+
+def bench_missing(needs: str) -> str | None:
+    """Why a microbenchmark cannot run here: "triton" (the kernels alone) or "device" (the
+    device backend on an NCCL group: triton, cupy and NCCL); None when it can."""
+    import torch.distributed as dist
+
+    from gpupace.backends import device_backend_missing
+
+    if needs == "triton":
+        try:
+            import triton  # noqa: F401
+        except Exception as e:  # a broken install raises more than ImportError
+            return f"triton does not import: {type(e).__name__}: {e}"
+        return None
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return "this torch build has no NCCL"
+    return device_backend_missing()
 
 
 def bench_tick_and_spin(fig: dict[str, Any]) -> None:
@@ -353,9 +370,11 @@ def run_tests(fig_path: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, GPUPACE_FIGURES=str(fig_path), PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
     junit = fig_path.with_suffix(".xml")
-    # 60 s a test: one hung test must leave time for the others.
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-           "--timeout", "60", f"--junitxml={junit}", "tests/gpu"]
+    # 60 s a test: one hung test must leave time for the others. Without pytest-timeout the
+    # option would be an error that runs no test at all; the phase's deadline still holds.
+    per_test = ["--timeout", "60"] if importlib.util.find_spec("pytest_timeout") else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *per_test,
+           f"--junitxml={junit}", "tests/gpu"]
     rc, seconds = run_logged(cmd, log, timeout_s, env)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if junit.exists():
@@ -448,6 +467,11 @@ def markdown(res: dict[str, Any]) -> str:
         "|---|---|",
     ]
     lines += [f"| {k} | {v} |" for k, v in res["verdicts"].items()]
+    not_run = [f"- microbenchmark {name} {how}: {why}"
+               for how, key in (("failed", "bench_errors"), ("skipped", "bench_skipped"))
+               for name, why in res.get(key, {}).items()]
+    if not_run:
+        lines += ["", *not_run]
     lines += [
         "",
         "## Added time per paced collective (us; paced minus plain step, per site)",
@@ -542,8 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     fig_path = Path(tempfile.mkdtemp(prefix="gpupace-check-")) / "figures.json"
     fig: dict[str, Any] = {}
     errors: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     res: dict[str, Any] = {"stem": stem, "machine": info, "tests": {"ran": False},
-                           "figures": fig, "bench_errors": errors,
+                           "figures": fig, "bench_errors": errors, "bench_skipped": skipped,
                            "bench_suite": {"ran": False}, "targets": TARGETS}
 
     def save(phase: str) -> None:
@@ -559,17 +584,22 @@ def main(argv: list[str] | None = None) -> int:
     if fig_path.exists():
         fig.update(json.loads(fig_path.read_text(encoding="utf-8")))
     save("tests")
-    for name, fn in (
-        ("tick_and_spin", bench_tick_and_spin),
-        ("overhead", bench_overhead),
-        ("syncs", bench_syncs),
+    for name, fn, needs in (
+        ("tick_and_spin", bench_tick_and_spin, "triton"),
+        ("overhead", bench_overhead, "device"),
+        ("syncs", bench_syncs, "device"),
     ):
         if left() < 30:
             errors[name] = f"not run: {left():.0f} s of the budget left"
             continue
-        print(f"  microbenchmark {name}...", flush=True)
         try:
-            fn(fig)
+            why = bench_missing(needs)
+            if why:
+                skipped[name] = why
+                print(f"  microbenchmark {name} SKIPPED: {why}", flush=True)
+            else:
+                print(f"  microbenchmark {name}...", flush=True)
+                fn(fig)
         except Exception as e:  # one broken benchmark must not lose the others' figures
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"  {name} FAILED: {errors[name]}", flush=True)

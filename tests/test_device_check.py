@@ -61,11 +61,14 @@ def test_result_files_and_verdicts(tmp_path):
     res = {"stem": "2026-01-01-test-gpu", "figures": fig, "verdicts": v,
            "machine": {"gpu": "Test GPU", "date": "2026-01-01T00:00:00Z"},
            "tests": {"passed": 1, "failed": 0, "errors": 0, "skipped": 0, "seconds": 1.0},
-           "bench_suite": {"ran": False}}
+           "bench_suite": {"ran": False}, "bench_errors": {"syncs": "RuntimeError: boom"},
+           "bench_skipped": {"overhead": "cupy is not installed"}}
     j, md = dc.write_results(res, tmp_path)
     assert j.name == "2026-01-01-test-gpu.json" and md.suffix == ".md"
     text = md.read_text()
     assert "Test GPU" in text and "| graph_1_sites | 1.00 | 2.00 | 3.00 |" in text
+    assert "- microbenchmark syncs failed: RuntimeError: boom" in text
+    assert "- microbenchmark overhead skipped: cupy is not installed" in text
     assert dc.slug("NVIDIA H200") == "nvidia-h200"
 
 
@@ -153,3 +156,12 @@ def test_gpu_tests_without_cupy_skip_only_those_that_need_it(tmp_path):
             "test_zz_capture_without_warmup_is_a_clear_error"} <= set(skipped)
     assert any(k.startswith("test_cupy_reduction") for k in skipped)
     assert all("needs cupy" in v for v in skipped.values()), skipped
+
+
+def test_microbenchmarks_say_what_they_miss():
+    """Each microbenchmark is skipped with a reason where its needs are not met (here: no CUDA,
+    or a torch without NCCL), instead of failing."""
+    dc = load()
+    assert dc.bench_missing("triton") is None  # triton imports here (the CPU tests need it)
+    why = dc.bench_missing("device")
+    assert why and ("CUDA" in why or "NCCL" in why), why
