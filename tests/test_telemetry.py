@@ -3,8 +3,10 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
+from gpupace import PaceConfig
 from gpupace.telemetry import (
     StepRecord,
     TelemetryWriter,
@@ -136,3 +138,26 @@ def test_first_measured_step_comes_from_the_header():
     assert first_measured_step({"source": "sim", "config": {"warmup_steps": 5}}) == 0
     assert first_measured_step({"first_measured_step": True, "config": {}}) == 0
     assert first_measured_step({}) == 0
+
+
+def test_make_record_sums_sites_as_nansum_and_picks_the_site_of_largest_spread():
+    """The record's per-rank totals leave NaN out (as np.nansum over sites); its scalars come
+    from the first site of largest spread, a NaN spread counting as none."""
+    from gpupace import policy
+    from gpupace.telemetry import make_record
+
+    rng = np.random.default_rng(5)
+    n, s = 6, 3
+    rows = rng.uniform(0, 500, (n, 2 + 2 * s))
+    w, d, steps = rows[:, 2:2 + s], rows[:, 2 + s:], rows[:, 1]
+    w[1, 2], d[4, 0], w[5] = np.nan, np.inf, np.nan
+    params = policy.PolicyParams.from_config(PaceConfig(mode="observe"), n)
+    _, stats = policy.update(params, policy.init_state(n, s), w, d, steps)
+    stats.spread[:] = [np.nan, 40.0, 40.0]
+    rec = make_record(7, 1.5, stats, w, d, steps, rank=2)
+    np.testing.assert_allclose(rec.wait_us, np.nansum(w, axis=1))
+    np.testing.assert_allclose(rec.delay_us, np.nansum(d, axis=1))
+    assert rec.wait_us[5] == 0.0 and rec.delay_us[4] == np.inf
+    assert rec.spread_us == 40.0 and rec.earliness_us == stats.earliness[:, 1].tolist()
+    assert rec.step_time_us == steps[2] and rec.step_times_us == steps.tolist()
+    assert rec.site_spread_us[0] != rec.site_spread_us[0]  # NaN kept per site
