@@ -5,9 +5,12 @@ pacing costs there, and what it does to the spread.
 Two clusters run the same injected skew, step by step interleaved: one in `observe` mode (the
 pacing kernels run, delays stay zero) and one in `pace` mode. Rank i computes for
 `BASE_US + i * OFFSET_US` plus a little noise, so the arrival spread sits above the pacing
-threshold and the policy engages after its warm-up. Per step: the wall time (host launch
-included, `synchronize` after each step: the virtual cluster is eager only), paced minus
-observed pair by pair; and from the shared clock, the true arrival spread, the entry spread
+threshold and the policy engages after its warm-up. BASE_US outlasts the host's launches of a
+whole step (4 kernels a rank, tens of us each): with less, the ranks would arrive and leave when
+the host launched their kernels, not when their compute ended, and the estimator's w (exit -
+entry) would measure launch order. Per step: the wall time (host launch included,
+`synchronize` after each step: the virtual cluster is eager only), paced minus observed pair by
+pair; and from the shared clock, the true arrival spread, the entry spread
 after pacing and the estimator's error, over the second half of the steps.
 """
 
@@ -19,7 +22,7 @@ from . import gpu_common as gc
 from .harness import Harness, interleave
 
 N_RANKS = 8
-BASE_US, OFFSET_US, NOISE_US = 200.0, 60.0, 20.0
+BASE_US, OFFSET_US, NOISE_US = 2000.0, 60.0, 20.0
 
 
 def bench_vcluster(h: Harness) -> None:
