@@ -180,7 +180,9 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     NCCL kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the
     same length runs instead (a paced rank). Also the coupling the simulator takes
     (`gpupace.sim.presets.SPIN_COUPLING`): the fraction of throughput lost, 1 - with / alone.
-    Synchronises."""
+    Also `spin_hold_us`, how long each spinner lasts: where spinning CTAs keep a persistent
+    matmul's CTAs off their SMs, the matmul ends only with the spin, and its time then says
+    more about the hold than about throughput. Synchronises."""
     from gpupace.kernels import barrier, spin
 
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
@@ -202,6 +204,7 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     base = timed()
     out = {"matmul_alone_tflops": flops / base / 1e12}
     hold_us = 3 * base * 1e6  # the spinner outlasts the matmuls
+    out["spin_hold_us"] = hold_us
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
     for k in ctas:
         count = torch.zeros(1, dtype=torch.int32, device=dev)
