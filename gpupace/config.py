@@ -87,7 +87,14 @@ class PaceConfig:
     a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 
     ring_size: int | None = None
-    """Number of per-step records kept in memory for `summary()`."""
+    """Most per-step records kept in memory for `summary()` (the newest ones); `ring_memory_mb`
+    bounds them too."""
+
+    ring_memory_mb: float | None = None
+    """Memory those records may take, in MB. A record holds four values per rank as Python
+    lists, ~32 bytes a value: ~0.5 MB at 4096 ranks, where 100,000 records would take 52 GB on
+    every rank. The default 128 keeps ~240 steps at 4096 ranks, ~3,600 at 256 and ~34,000 at
+    8 (the estimate counts `max_sites` sites a record)."""
 
     max_sites: int | None = None
     """Paced collectives per step that take part in the exchange (a DDP bucket is one). The
@@ -142,6 +149,7 @@ class PaceConfig:
         _check_int("warmup_steps", self.warmup_steps, 0)
         _check_int("telemetry_interval", self.telemetry_interval, 1)
         _check_int("ring_size", self.ring_size, 1)
+        _check_range("ring_memory_mb", self.ring_memory_mb, 0.0, 1e7, lo_open=True)
         _check_int("max_sites", self.max_sites, 1)
         if self.telemetry_path is not None and not isinstance(self.telemetry_path, str):
             raise ValueError(f"telemetry_path must be a string, a path or None, got "
@@ -187,6 +195,7 @@ DEFAULTS: dict[str, Any] = {
     "telemetry_interval": 50,
     "telemetry_path": None,
     "ring_size": 100_000,
+    "ring_memory_mb": 128.0,
     "max_sites": 64,
 }
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from .backends import BACKENDS, device_backend_missing
 from .backends.host import HostEngine
 from .config import PaceConfig
-from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, summarize
+from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity, summarize
 
 
 class Pacer:
@@ -76,7 +76,8 @@ class Pacer:
             self._engine = DeviceEngine(self.config, group, self.rank, self.world_size)
         else:
             self._engine = HostEngine(self.config, group, self.rank, self.world_size)
-        self.ring = Ring(self.config.ring_size)
+        self.ring = Ring(ring_capacity(self.config.ring_size, self.config.ring_memory_mb,
+                                       self.world_size, self.config.max_sites))
         self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
         self._writer: TelemetryWriter | None = None
@@ -220,7 +221,9 @@ class Pacer:
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
-        histogram over the records in memory after the warm-up steps, plus the settings."""
+        histogram over the records in memory after the warm-up steps, plus the settings. The
+        ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~240
+        steps at 4096 ranks); the telemetry file keeps them all."""
         steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
         out = summarize(steady, self.world_size, self.samples_per_step)
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,

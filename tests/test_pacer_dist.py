@@ -155,6 +155,17 @@ def test_world_size_one_has_nothing_to_pace():
     assert pacer.summary()["steps"] == 5
 
 
+def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():
+    # At one rank with max_sites 64 a record is ~2.9 KB by the ring's estimate: 3 fit in 10 KB.
+    pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.01))
+    for _ in range(5):
+        with pacer.site("compute"):
+            pass
+        pacer.step()
+    assert pacer.ring.capacity == 3 and [r.step for r in pacer.ring] == [2, 3, 4]
+    assert pacer.summary()["steps"] == 3
+
+
 def test_a_pacer_built_before_the_process_group_refuses_to_run():
     # Built first, it takes the job for one rank: its DDP hook would divide the gradients by 1.
     pacer = Pacer(PaceConfig(mode="observe"))

@@ -161,3 +161,14 @@ def test_make_record_sums_sites_as_nansum_and_picks_the_site_of_largest_spread()
     assert rec.spread_us == 40.0 and rec.earliness_us == stats.earliness[:, 1].tolist()
     assert rec.step_time_us == steps[2] and rec.step_times_us == steps.tolist()
     assert rec.site_spread_us[0] != rec.site_spread_us[0]  # NaN kept per site
+
+
+def test_the_ring_is_bounded_by_memory_as_well_as_by_count():
+    """~0.5 MB a record at 4096 ranks: the default 100,000 records would take 52 GB on every
+    rank; 128 MB keeps ~240. A small job keeps `ring_size` records."""
+    from gpupace.telemetry import ring_capacity
+
+    cfg = PaceConfig()
+    assert 200 < ring_capacity(cfg.ring_size, cfg.ring_memory_mb, 4096, 64) < 300
+    assert ring_capacity(cfg.ring_size, cfg.ring_memory_mb, 2, 4) == cfg.ring_size
+    assert ring_capacity(10, 1e-9, 4096, 4) == 1  # never less than one
