@@ -56,7 +56,8 @@ def test_pacing_in_the_virtual_cluster_shrinks_the_entry_spread(figures):
     for k in range(steps):
         vc.step(sk[k])
     r = vc.results()
-    first, last = r.true_entry_spread[:3].mean(), r.true_entry_spread[-10:].mean()
+    # before: steps 1-3, unpaced (warm-up); step 0 compiles the kernels between launches
+    first, last = r.true_entry_spread[1:4].mean(), r.true_entry_spread[-10:].mean()
     figures["vcluster_entry_spread_before_after_us"] = [float(first), float(last)]
     assert not r.timed_out
     assert last < 0.5 * first, (first, last)
