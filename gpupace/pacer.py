@@ -214,7 +214,7 @@ class Pacer:
 
     def _keep(self, record: StepRecord) -> None:
         self.ring.append(record)
-        if self._writer is not None:
+        if self._writer is not None and record.step % self.config.telemetry_every == 0:
             self._writer.write(record)
         if self._tb is not None:
             self._tb.log(record)

@@ -20,6 +20,7 @@ import queue
 import socket
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -150,6 +151,7 @@ def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
 
 # Values encoded per hold of the GIL by the background writer: ~0.3 ms on the 2-core VM.
 GIL_CHUNK = 512
+BACKLOG_WARN_MB = 64  # memory of queued records past which the background writer warns, once
 
 
 class TelemetryWriter:
@@ -172,6 +174,7 @@ class TelemetryWriter:
         self._lock = threading.Lock()  # the file, between the thread and flush/close
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
+        self._warned_behind = False
         self._thread: threading.Thread | None = None
         self.flush()
         if background:
@@ -187,6 +190,15 @@ class TelemetryWriter:
         self._raise_failure()
         if self._queue is not None:
             self._queue.put(record)
+            if not self._warned_behind and self._queue.qsize() * record_bytes(
+                    len(record.earliness_us), len(record.site_spread_us)) > BACKLOG_WARN_MB * 1e6:
+                self._warned_behind = True
+                warnings.warn(
+                    f"gpupace: the telemetry writer is {self._queue.qsize()} records behind "
+                    f"({self.path}): steps come faster than it encodes them ("
+                    f"{len(record.earliness_us)} ranks). The queued records take memory until "
+                    f"written; set telemetry_every (GPUPACE_TELEMETRY_EVERY) to write one step "
+                    f"in 10 or 100.", RuntimeWarning, stacklevel=3)
         else:
             self._write(record)
 
@@ -286,11 +298,15 @@ RECORD_BYTES_PER_VALUE = 32
 RECORD_BYTES_FIXED = 700
 
 
+def record_bytes(world_size: int, n_sites: int) -> int:
+    """A record's size in memory, estimated: four values per rank, one per site."""
+    return RECORD_BYTES_FIXED + RECORD_BYTES_PER_VALUE * (4 * world_size + n_sites)
+
+
 def ring_capacity(max_records: int, memory_mb: float, world_size: int, n_sites: int) -> int:
     """How many records a ring keeps: at most `max_records`, and as many as fit in
-    `memory_mb` at this world size (four values per rank, one per site), at least one."""
-    per_record = RECORD_BYTES_FIXED + RECORD_BYTES_PER_VALUE * (4 * world_size + n_sites)
-    return max(1, min(int(max_records), int(memory_mb * 1e6 // per_record)))
+    `memory_mb` at this world size, at least one."""
+    return max(1, min(int(max_records), int(memory_mb * 1e6 // record_bytes(world_size, n_sites))))
 
 
 class Ring:

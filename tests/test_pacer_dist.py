@@ -166,6 +166,18 @@ def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():
     assert pacer.summary()["steps"] == 3
 
 
+def test_telemetry_every_writes_one_step_in_k_and_the_ring_keeps_all(tmp_path):
+    path = tmp_path / "t.jsonl"
+    pacer = Pacer(PaceConfig(warmup_steps=0, telemetry_every=3, telemetry_path=str(path)))
+    for _ in range(7):
+        with pacer.site("compute"):
+            pass
+        pacer.step()
+    pacer.close()
+    assert [r.step for r in read_telemetry(path).records] == [0, 3, 6]
+    assert [r.step for r in pacer.ring] == list(range(7))
+
+
 def test_a_pacer_built_before_the_process_group_refuses_to_run():
     # Built first, it takes the job for one rank: its DDP hook would divide the gradients by 1.
     pacer = Pacer(PaceConfig(mode="observe"))

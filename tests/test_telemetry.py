@@ -2,6 +2,7 @@
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -172,3 +173,21 @@ def test_the_ring_is_bounded_by_memory_as_well_as_by_count():
     assert 200 < ring_capacity(cfg.ring_size, cfg.ring_memory_mb, 4096, 64) < 300
     assert ring_capacity(cfg.ring_size, cfg.ring_memory_mb, 2, 4) == cfg.ring_size
     assert ring_capacity(10, 1e-9, 4096, 4) == 1  # never less than one
+
+
+def test_a_background_writer_that_falls_behind_warns_once_and_loses_nothing(tmp_path):
+    """Past 64 MB of queued records (~120 at 4096 ranks) the writer warns; all are written."""
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=4096), background=True)
+    wide = [0.5] * 4096
+    with w._lock:  # the thread cannot write while the file is held: steps outrun it
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for k in range(150):
+                w.write(record(k, earliness_us=wide, wait_us=wide, delay_us=wide,
+                               step_times_us=wide))
+    w.close()
+    behind = [str(x.message) for x in seen if "records behind" in str(x.message)]
+    assert len(behind) == 1 and "telemetry_every" in behind[0] and "4096 ranks" in behind[0]
+    assert 110 < int(behind[0].split(" is ")[1].split()[0]) < 130
+    assert [r.step for r in read_telemetry(path).records] == list(range(150))
