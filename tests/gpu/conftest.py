@@ -85,8 +85,13 @@ def nccl_group():
 
     if not dist.is_nccl_available():
         pytest.skip("this torch build has no NCCL")
-    if not dist.is_initialized():
+    made = not dist.is_initialized()
+    if made:
         store = tempfile.mktemp(prefix="gpupace-nccl-")
         dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
                                 device_id=torch.device("cuda", 0))
     yield dist.group.WORLD
+    if made and dist.is_initialized():
+        # A group left alive can keep pytest from exiting (NCCL's watchdog thread).
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
