@@ -8,7 +8,8 @@ torch, triton, cupy, NCCL versions, date, commit, and every figure measured), pl
 Measured here: the timer tick; spin-wait error (applied - requested, 5 to 1000 us, p50/p99);
 added time per paced collective, eager and in a CUDA graph (single-rank NCCL all_reduce of
 4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step; plus whatever the
-GPU tests record (virtual-cluster spread error, spin coupling, learned delay). The benchmark
+GPU tests record (virtual-cluster spread error, spin coupling, learned delay); and, on the
+machine's CPU, the host backend's policy update at 4096 ranks x 4 sites. The benchmark
 suite of `python -m bench --suite gpu --quick` runs too when it is there; its files are packed
 into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collective, spin
 error p99 <= tick + 1 us, zero syncs) are compared, never assumed: until this has run on a GPU
@@ -158,12 +159,14 @@ def machine() -> dict[str, Any]:
 
 
 def bench_missing(needs: str) -> str | None:
-    """Why a microbenchmark cannot run here: "triton" (the kernels alone) or "device" (the
-    device backend on an NCCL group: triton, cupy and NCCL); None when it can."""
+    """Why a microbenchmark cannot run here: "cpu" (nothing), "triton" (the kernels alone) or
+    "device" (the device backend on an NCCL group: triton, cupy and NCCL); None when it can."""
     import torch.distributed as dist
 
     from gpupace.backends import device_backend_missing
 
+    if needs == "cpu":
+        return None
     if needs == "triton":
         try:
             import triton  # noqa: F401
@@ -195,6 +198,24 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
         per[str(req)] = quantiles(err)
         all_err.append(err)
     fig["spin_error_us"] = quantiles(np.concatenate(all_err)) | {"by_delay": per}
+
+
+def bench_host_policy(fig: dict[str, Any]) -> None:
+    """The benchmark issue's CPU target on this machine's CPU, beside the 2-core VM's: the host
+    backend's policy update at 4096 ranks x 4 sites, as bench/cpu_policy times it (views of a
+    freshly written gathered matrix, interleaved with the NumPy reference)."""
+    from bench.cpu_policy import TARGET_US, implementations, make_case
+    from bench.harness import cpu_name, interleave
+    from gpupace import policy
+
+    compile_s = policy.prepare_fused()
+    impls = implementations()
+    cases = {k: make_case(4096, 4, fn=impls[k]) for k in ("own_rank", "update_reference")}
+    times = interleave({k: c[1] for k, c in cases.items()}, warmup=20, repeats=300,
+                       prepare={k: c[0] for k, c in cases.items()})
+    fig["host_policy_update_4096x4_us"] = {
+        "cpu": cpu_name(), "cores": os.cpu_count(), "target_us": TARGET_US,
+        "numba_compile_s": round(compile_s, 2), **{k: quantiles(v) for k, v in times.items()}}
 
 
 def _nccl_group():
@@ -436,6 +457,11 @@ def verdicts(fig: dict[str, Any]) -> dict[str, str]:
             f"{'met' if syncs == 0 and busy is not False else 'missed'}: {syncs} torch syncs "
             f"per step{waited}"
         )
+    hp = fig.get("host_policy_update_4096x4_us")
+    if hp:  # the CPU target of the benchmark issue, on this machine's CPU
+        p50, lim = hp["own_rank"]["p50"], hp["target_us"]
+        out["host_policy_update_4096x4"] = (f"{'met' if p50 < lim else 'missed'}: p50 "
+                                            f"{p50:.1f} us vs < {lim:.0f} us on {hp['cpu']}")
     return out
 
 
@@ -588,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         ("tick_and_spin", bench_tick_and_spin, "triton"),
         ("overhead", bench_overhead, "device"),
         ("syncs", bench_syncs, "device"),
+        ("host_policy", bench_host_policy, "cpu"),
     ):
         if left() < 30:
             errors[name] = f"not run: {left():.0f} s of the budget left"

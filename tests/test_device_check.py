@@ -165,3 +165,15 @@ def test_microbenchmarks_say_what_they_miss():
     assert dc.bench_missing("triton") is None  # triton imports here (the CPU tests need it)
     why = dc.bench_missing("device")
     assert why and ("CUDA" in why or "NCCL" in why), why
+
+
+def test_the_host_policy_figure_is_measured_on_this_cpu_and_judged():
+    """The one figure of the device check that needs no GPU: it runs here as it will there."""
+    dc = load()
+    fig = {}
+    dc.bench_host_policy(fig)
+    hp = fig["host_policy_update_4096x4_us"]
+    assert hp["own_rank"]["n"] == 300 and hp["update_reference"]["n"] == 300
+    assert 0 < hp["own_rank"]["p50"] < hp["update_reference"]["p50"]  # the fused kernel ran
+    verdict = dc.verdicts(fig)["host_policy_update_4096x4"]
+    assert verdict.startswith(("met", "missed")) and hp["cpu"] in verdict
