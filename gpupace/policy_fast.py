@@ -14,7 +14,8 @@ delay outputs; on a cold cache, as once a training step, ~40 us more. Around it 
 Python, half of it Numba's dispatch on the arguments (hence the packed ones: 35 -> 17 took
 192 -> 176 us off a cold update). A pacer needs only its own rank's state (`only`), which
 shrinks the state pass to S elements. bench/cpu_policy, with the host backend's strided
-inputs: 98-132 us p50 over four runs on one day.
+inputs: 96-155 us p50 over four runs on 2026-11-30, the VM's speed moving its NumPy reference
+by 40% between them.
 """
 
 from __future__ import annotations
