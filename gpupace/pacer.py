@@ -10,7 +10,8 @@
 
 Sites are matched across ranks by their order within a step, so every rank must pass the same
 paced collectives in the same order (as it must issue the collectives themselves in order).
-`step()` is a collective too: every rank calls it once per step.
+`step()` is a collective too: every rank calls it once per step. So is building a `Pacer`:
+every rank builds one, and the ranks check that they were given the same settings.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .agree import check_ranks_agree
 from .backends import BACKENDS, device_backend_missing
 from .backends.host import HostEngine
 from .config import PaceConfig
@@ -68,6 +70,8 @@ class Pacer:
             warnings.warn("gpupace: the host backend on an NCCL group stamps when collectives are "
                           f"enqueued, not when they run on the GPU, so its spreads say little; {hint}",
                           RuntimeWarning, stacklevel=2)
+        if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
+            check_ranks_agree(self.config, self.backend, group, pg_backend, self.world_size)
         self.samples_per_step = samples_per_step
         self.steps = 0
         self._t0 = time.perf_counter()

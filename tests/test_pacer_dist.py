@@ -155,6 +155,29 @@ def test_world_size_one_has_nothing_to_pace():
     assert pacer.summary()["steps"] == 5
 
 
+def _built_with(rank, world, changes):
+    # Rank 1 gets other settings (as from a GPUPACE_* variable set on its host only).
+    try:
+        Pacer(PaceConfig(**(changes if rank == 1 else {})))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"mode": "off"}, "mode: 'pace' on rank 0, 'off' on rank(s) 1"),
+    ({"max_sites": 8}, "max_sites: 64 on rank 0, 8 on rank(s) 1"),
+    ({"threshold_us": 500.0, "max_delay_us": 1000.0}, "max_delay_us: 50000 on rank 0, 1000"),
+])
+def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named):
+    """Without the check a rank with mode off left the others waiting in the exchange until
+    the group's timeout, another max_sites aborted gloo on a size mismatch, and other gains
+    made the ranks' decisions diverge without a word."""
+    errors = run_ranks(_built_with, 3, changes, timeout_s=60)
+    assert all(e is not None and named in e for e in errors), errors
+    assert all("GPUPACE_" in e for e in errors)
+
+
 def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():
     # At one rank with max_sites 64 a record is ~2.9 KB by the ring's estimate: 3 fit in 10 KB.
     pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.01))

@@ -1,0 +1,70 @@
+"""Every rank must pace with the same settings: one all_gather when a `Pacer` is built checks it.
+
+Ranks that disagree fail in ways that do not name the cause: a rank with `mode="off"` skips the
+per-step exchange and the others wait in it until the process group's timeout (30 min on gloo
+by default); a different `max_sites` changes the row size and gloo aborts on a size mismatch;
+different control-law settings make the ranks' decisions diverge silently. A setting that
+differs typically comes from a GPUPACE_* variable set on some hosts only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .config import MODES, PaceConfig
+
+# The settings that must match: whether and how wide the exchange runs, and every input of
+# the control law. Telemetry and ring settings may differ between ranks.
+SHARED = ("mode", "max_sites", "threshold_us", "release_us", "on_steps", "off_steps", "gain",
+          "guard_us", "max_delay_us", "cap_fraction", "floor_rise", "floor_fall",
+          "holdoff_factor", "holdoff_max", "overshoot_risk", "warmup_steps")
+BACKEND_CODES = ("host", "device")
+
+
+def settings_row(config: PaceConfig, backend: str) -> np.ndarray:
+    """The shared settings and the backend as float64, in `SHARED` order, backend last."""
+    values = [MODES.index(config.mode)] + [getattr(config, k) for k in SHARED[1:]]
+    return np.array(values + [BACKEND_CODES.index(backend)], dtype=np.float64)
+
+
+def disagreements(rows: np.ndarray, config: PaceConfig, backend: str) -> list[str]:
+    """One line per setting on which the gathered rows [N, len(SHARED) + 1] differ from
+    rank 0's: the value there and on which ranks it differs."""
+    names = [*SHARED, "backend"]
+    out = []
+    for j, name in enumerate(names):
+        odd = np.flatnonzero(rows[:, j] != rows[0, j])
+        if odd.size:
+            shown = ", ".join(str(r) for r in odd[:8]) + (" ..." if odd.size > 8 else "")
+            out.append(f"{name}: {_show(name, rows[0, j])} on rank 0, "
+                       f"{_show(name, rows[odd[0], j])} on rank(s) {shown}")
+    return out
+
+
+def check_ranks_agree(config: PaceConfig, backend: str, group: Any, pg_backend: str,
+                      world_size: int) -> None:
+    """Raises ValueError on every rank, naming the settings and ranks, when the ranks of
+    `group` were built with different shared settings or backends. A collective: every rank
+    builds its `Pacer`."""
+    row = torch.from_numpy(settings_row(config, backend))
+    if pg_backend == "nccl":  # NCCL moves CUDA tensors only
+        row = row.to(torch.device("cuda", torch.cuda.current_device()))
+    rows = [torch.empty_like(row) for _ in range(world_size)]
+    dist.all_gather(rows, row, group=group)
+    lines = disagreements(torch.stack(rows).cpu().numpy(), config, backend)
+    if lines:
+        raise ValueError("gpupace: the ranks were given different settings, and every rank must "
+                         "pace with the same ones (a GPUPACE_* variable set on some hosts "
+                         "only?):\n  " + "\n  ".join(lines))
+
+
+def _show(name: str, value: float) -> str:
+    if name == "mode":
+        return repr(MODES[int(value)])
+    if name == "backend":
+        return repr(BACKEND_CODES[int(value)])
+    return f"{value:g}"
