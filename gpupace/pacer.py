@@ -85,15 +85,21 @@ class Pacer:
         self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
         self._writer: TelemetryWriter | None = None
+        # One step's record in this many goes to the file and TensorBoard: every step up to 127
+        # ranks, then fewer (a record is ~74 bytes of JSON a rank, ~11 ms to encode at 4096).
+        self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
         path = self.config.telemetry_path
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
                                  label=label, config=self.config.to_dict(),
                                  samples_per_step=samples_per_step,
                                  process_group_backend=pg_backend, pacer_backend=self.backend,
-                                 **(telemetry_extra or {}))
-            self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
-                                           self.config.telemetry_interval, background=True)
+                                 telemetry_every=self.telemetry_every, **(telemetry_extra or {}))
+            try:
+                self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
+                                               self.config.telemetry_interval, background=True)
+            except OSError as e:  # a side channel: training goes on without it
+                self._telemetry_failed(e)
         self._tb = None
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
@@ -218,10 +224,26 @@ class Pacer:
 
     def _keep(self, record: StepRecord) -> None:
         self.ring.append(record)
-        if self._writer is not None and record.step % self.config.telemetry_every == 0:
-            self._writer.write(record)
+        if record.step % self.telemetry_every:
+            return
+        if self._writer is not None:
+            try:
+                self._writer.write(record)
+            except (OSError, RuntimeError) as e:  # the writer's thread failed (a full disk)
+                self._telemetry_failed(e)
         if self._tb is not None:
             self._tb.log(record)
+
+    def _telemetry_failed(self, error: BaseException) -> None:
+        """Telemetry is a side channel: a file that cannot be written must not end a training
+        run (on every rank, as the others then fail in their next collective). Warns, keeps
+        what was written, and goes on without the file."""
+        warnings.warn(f"gpupace: telemetry file {self.config.telemetry_path!r} failed, "
+                      f"training goes on without it: {error}", RuntimeWarning, stacklevel=3)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.close()
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
@@ -251,8 +273,11 @@ class Pacer:
         if self._writer is not None or self._tb is not None:
             self.drain()
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                writer.close()
+            except (OSError, RuntimeError) as e:
+                self._telemetry_failed(e)
         if self._tb is not None:
             self._tb.close()
             self._tb = None

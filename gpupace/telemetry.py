@@ -52,6 +52,7 @@ class StepRecord:
     delay_us: list[float] = field(default_factory=list)  # per rank, applied, summed over sites
     step_times_us: list[float] = field(default_factory=list)  # per rank
     site_spread_us: list[float] = field(default_factory=list)  # per site
+    dropped_before: int = 0  # records the writer dropped just before this one (it fell behind)
 
     def to_json(self, chunk: int = 0) -> str:
         """One JSON line. `chunk` > 0 encodes long lists `chunk` values at a time and lets
@@ -152,6 +153,8 @@ def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
 # Values encoded per hold of the GIL by the background writer: ~0.3 ms on the 2-core VM.
 GIL_CHUNK = 512
 BACKLOG_WARN_MB = 64  # memory of queued records past which the background writer warns, once
+BACKLOG_LIMIT_MB = 256  # ... and past which it drops records, counted in the next one written
+CLOSE_NOTICE_MB = 16  # queued at close() past which it says it is writing them (~0.5 s at 4096)
 
 
 class TelemetryWriter:
@@ -175,6 +178,9 @@ class TelemetryWriter:
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
         self._warned_behind = False
+        self.dropped = 0  # records dropped because the queue was full
+        self._dropped_told = 0  # of which counted in a record queued since
+        self._record_mb = 0.0  # the last record's size in memory, estimated
         self._thread: threading.Thread | None = None
         self.flush()
         if background:
@@ -189,16 +195,25 @@ class TelemetryWriter:
             raise ValueError(f"telemetry file {self.path} is closed")
         self._raise_failure()
         if self._queue is not None:
+            self._record_mb = record_bytes(len(record.earliness_us),
+                                           len(record.site_spread_us)) / 1e6
+            behind = self._queue.qsize() * self._record_mb
+            if behind > BACKLOG_LIMIT_MB:  # bounded memory: drop, and say so in the file
+                self.dropped += 1
+                return
+            if self.dropped > self._dropped_told:
+                record = dataclasses.replace(record, dropped_before=self.dropped - self._dropped_told)
+                self._dropped_told = self.dropped
             self._queue.put(record)
-            if not self._warned_behind and self._queue.qsize() * record_bytes(
-                    len(record.earliness_us), len(record.site_spread_us)) > BACKLOG_WARN_MB * 1e6:
+            if not self._warned_behind and behind > BACKLOG_WARN_MB:
                 self._warned_behind = True
                 warnings.warn(
                     f"gpupace: the telemetry writer is {self._queue.qsize()} records behind "
                     f"({self.path}): steps come faster than it encodes them ("
-                    f"{len(record.earliness_us)} ranks). The queued records take memory until "
-                    f"written; set telemetry_every (GPUPACE_TELEMETRY_EVERY) to write one step "
-                    f"in 10 or 100.", RuntimeWarning, stacklevel=3)
+                    f"{len(record.earliness_us)} ranks). Past {BACKLOG_LIMIT_MB} MB queued it "
+                    f"drops records and counts them in the file; set telemetry_every "
+                    f"(GPUPACE_TELEMETRY_EVERY) to write one step in 10 or 100.",
+                    RuntimeWarning, stacklevel=3)
         else:
             self._write(record)
 
@@ -238,6 +253,9 @@ class TelemetryWriter:
 
     def close(self) -> None:
         if self._thread is not None:
+            if self._queue.qsize() * self._record_mb > CLOSE_NOTICE_MB:
+                warnings.warn(f"gpupace: writing the {self._queue.qsize()} telemetry records "
+                              f"still queued to {self.path}", RuntimeWarning, stacklevel=2)
             self._queue.put(None)  # after every queued record
             self._thread.join()
             self._thread = None
@@ -247,6 +265,11 @@ class TelemetryWriter:
                 self._flush()
                 self._file.close()
                 self._file = None
+        if self.dropped > self._dropped_told:  # dropped after the last record written
+            warnings.warn(f"gpupace: the telemetry writer dropped the last "
+                          f"{self.dropped - self._dropped_told} records of {self.path}, falling "
+                          f"behind the steps", RuntimeWarning, stacklevel=2)
+            self._dropped_told = self.dropped
         self._raise_failure()
 
 
@@ -264,24 +287,9 @@ def read_telemetry(path: str | os.PathLike) -> Telemetry:
     header, raises ValueError naming the file. Later lines that are cut short (a crash in the
     middle of a write) or corrupt are skipped and listed in `skipped`."""
     path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"telemetry file {path} is a directory: give one .jsonl file in it")
-    if not path.is_file():
-        raise ValueError(f"telemetry file {path} does not exist")
     records, skipped = [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = f.readline()
-        if not first.strip():
-            raise ValueError(f"telemetry file {path} is empty")
-        try:
-            header = json.loads(first)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
-        if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
-            raise ValueError(f"{path}: line 1 is not a gpupace telemetry header")
-        if header.get("format", 0) > FORMAT_VERSION:
-            raise ValueError(f"{path}: format {header.get('format')} is newer than this gpupace "
-                             f"reads ({FORMAT_VERSION}); upgrade gpupace")
+    with _open(path) as f:
+        header = _header(f, path)
         for lineno, line in enumerate(f, start=2):
             if not line.strip():
                 continue
@@ -290,6 +298,37 @@ def read_telemetry(path: str | os.PathLike) -> Telemetry:
             except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
                 skipped.append(f"line {lineno}: {type(e).__name__}: {str(e)[:120]}")
     return Telemetry(header=header, records=records, skipped=skipped)
+
+
+def read_header(path: str | os.PathLike) -> dict[str, Any]:
+    """The header of a telemetry file alone (its first line), checked as `read_telemetry` does."""
+    path = Path(path)
+    with _open(path) as f:
+        return _header(f, path)
+
+
+def _open(path: Path) -> TextIO:
+    if path.is_dir():
+        raise ValueError(f"telemetry file {path} is a directory: give one .jsonl file in it")
+    if not path.is_file():
+        raise ValueError(f"telemetry file {path} does not exist")
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _header(f: TextIO, path: Path) -> dict[str, Any]:
+    first = f.readline()
+    if not first.strip():
+        raise ValueError(f"telemetry file {path} is empty")
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
+    if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
+        raise ValueError(f"{path}: line 1 is not a gpupace telemetry header")
+    if header.get("format", 0) > FORMAT_VERSION:
+        raise ValueError(f"{path}: format {header.get('format')} is newer than this gpupace "
+                         f"reads ({FORMAT_VERSION}); upgrade gpupace")
+    return header
 
 
 # A record's size in memory: its per-rank lists hold Python floats, 24 bytes each plus an

@@ -1,6 +1,7 @@
 """Pacer, paced all_reduce and the DDP hook on real gloo ranks: numerics unchanged, delays
 applied, the clock-free estimator against true arrival times on the shared CLOCK_MONOTONIC."""
 
+import os
 import time
 import warnings
 
@@ -199,6 +200,37 @@ def test_telemetry_every_writes_one_step_in_k_and_the_ring_keeps_all(tmp_path):
     pacer.close()
     assert [r.step for r in read_telemetry(path).records] == [0, 3, 6]
     assert [r.step for r in pacer.ring] == list(range(7))
+
+
+def _steps(pacer, n):
+    for _ in range(n):
+        with pacer.site("compute"):
+            pass
+        pacer.step()
+
+
+def test_a_telemetry_file_that_cannot_be_written_never_stops_training(tmp_path):
+    """A full disk is a side channel's failure: warn, keep what was written, train on."""
+    with pytest.warns(RuntimeWarning, match="telemetry file '/dev/full' failed"):
+        pacer = Pacer(PaceConfig(warmup_steps=0, telemetry_path="/dev/full"))  # ENOSPC at once
+    _steps(pacer, 3)
+    assert pacer.steps == 3 and len(pacer.ring) == 3
+    pacer.close()
+
+    path = tmp_path / "t.jsonl"
+    pacer = Pacer(PaceConfig(warmup_steps=0, telemetry_path=str(path), telemetry_interval=1))
+    _steps(pacer, 3)
+    deadline = time.monotonic() + 30
+    while len(path.read_text().splitlines()) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the writer's thread has the header and 3 records on disk
+    os.close(pacer._writer._file.fileno())  # the file's descriptor goes bad under the writer
+    with pytest.warns(RuntimeWarning, match="failed, training goes on without it"):
+        _steps(pacer, 20)
+        time.sleep(0.2)
+        _steps(pacer, 2)
+    assert pacer.steps == 25 and pacer._writer is None
+    pacer.close()
+    assert [r.step for r in read_telemetry(path).records][:3] == [0, 1, 2]
 
 
 def test_a_pacer_built_before_the_process_group_refuses_to_run():

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 import warnings
 
 import numpy as np
@@ -175,19 +176,38 @@ def test_the_ring_is_bounded_by_memory_as_well_as_by_count():
     assert ring_capacity(10, 1e-9, 4096, 4) == 1  # never less than one
 
 
-def test_a_background_writer_that_falls_behind_warns_once_and_loses_nothing(tmp_path):
-    """Past 64 MB of queued records (~120 at 4096 ranks) the writer warns; all are written."""
+def test_a_background_writer_that_falls_behind_warns_then_drops_and_counts_the_drops(tmp_path):
+    """Past 64 MB of queued records (~120 at 4096 ranks) the writer warns; past 256 MB it drops
+    records and counts them in the next record it writes, so the file says what it lacks."""
     path = tmp_path / "t.jsonl"
     w = TelemetryWriter(path, make_header(source="test", world_size=4096), background=True)
     wide = [0.5] * 4096
-    with w._lock:  # the thread cannot write while the file is held: steps outrun it
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for k in range(150):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with w._lock:  # the thread cannot write while the file is held: steps outrun it
+            for k in range(600):
                 w.write(record(k, earliness_us=wide, wait_us=wide, delay_us=wide,
                                step_times_us=wide))
-    w.close()
-    behind = [str(x.message) for x in seen if "records behind" in str(x.message)]
+        while w._queue.qsize() > 0:  # the thread catches up
+            time.sleep(0.05)
+        w.write(record(600))
+        w.close()
+    said = [str(x.message) for x in seen]
+    behind = [m for m in said if "records behind" in m]
     assert len(behind) == 1 and "telemetry_every" in behind[0] and "4096 ranks" in behind[0]
     assert 110 < int(behind[0].split(" is ")[1].split()[0]) < 130
-    assert [r.step for r in read_telemetry(path).records] == list(range(150))
+    recs = read_telemetry(path).records
+    assert 100 < w.dropped < 150 and len(recs) == 601 - w.dropped
+    assert recs[-1].step == 600 and recs[-1].dropped_before == w.dropped
+    assert [r.step for r in recs[:-1]] == list(range(len(recs) - 1))  # the first ones, in order
+
+def test_closing_a_writer_with_a_long_queue_says_what_it_waits_for(tmp_path):
+    w = TelemetryWriter(tmp_path / "t.jsonl", make_header(source="test", world_size=4096),
+                        background=True)
+    wide = [0.5] * 4096
+    with w._lock:
+        for k in range(40):  # ~21 MB queued: ~0.5 s of encoding at 4096 ranks
+            w.write(record(k, earliness_us=wide))
+    with pytest.warns(RuntimeWarning, match=r"writing the \d+ telemetry records still queued"):
+        w.close()
+    assert len(read_telemetry(tmp_path / "t.jsonl").records) == 40

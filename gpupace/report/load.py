@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, first_measured_step, read_telemetry
+from ..telemetry import StepRecord, first_measured_step, read_header, read_telemetry
 
 # Files at least this large get a heartbeat on stderr while they are read.
 PROGRESS_BYTES = 5_000_000
@@ -206,23 +206,24 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     first given. Raises ValueError for a missing, empty or non-gpupace file, or one with no
     readable step record; lines cut short or corrupt are skipped and listed in `Run.skipped`."""
     files = expand(paths)
-    tels = []
+    # Grouped by their headers first: of one run's rank files (each holds every rank's rows)
+    # only the lowest rank's is read, not all N.
+    groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    order: list[list[tuple[Path, dict[str, Any]]]] = []
     for path in files:
-        tels.append((path, _read(path, progress)))
-    groups: dict[str, list[tuple[Path, Any]]] = {}
-    order: list[list[tuple[Path, Any]]] = []
-    for path, tel in tels:
-        key = _run_key(tel.header)
+        header = read_header(path)
+        key = _run_key(header)
         group = groups.get(key)
-        ranks = {t.header.get("rank") for _, t in group} if group else set()
-        if group is None or tel.header.get("rank") in ranks:
+        ranks = {h.get("rank") for _, h in group} if group else set()
+        if group is None or header.get("rank") in ranks:
             group = groups[key] = []  # a new run (same rank twice: not rank files of one run)
             order.append(group)
-        group.append((path, tel))
+        group.append((path, header))
     runs, labels = [], set()
     for group in order:
-        group.sort(key=lambda pt: int(pt[1].header.get("rank") or 0))
-        path, tel = group[0]
+        group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
+        path = group[0][0]
+        tel = _read(path, progress)
         label = str(tel.header.get("label") or "") or path.stem
         if label in labels:
             label = f"{label} ({path.stem})"
@@ -237,6 +238,10 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable lines skipped "
                              f"(first: {run.skipped[0]})")
+        dropped = sum(r.dropped_before for r in tel.records)
+        if dropped:
+            run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
+                             f"the steps; this report covers the {run.steps} written")
         if progress is not None:
             progress(f"{path.name}: {run.steps} steps, {run.world_size} ranks, label {label!r}")
         runs.append(run)
