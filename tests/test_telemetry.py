@@ -211,3 +211,15 @@ def test_closing_a_writer_with_a_long_queue_says_what_it_waits_for(tmp_path):
     with pytest.warns(RuntimeWarning, match=r"writing the \d+ telemetry records still queued"):
         w.close()
     assert len(read_telemetry(tmp_path / "t.jsonl").records) == 40
+
+
+def test_the_report_notes_records_the_writer_dropped(tmp_path):
+    from gpupace.report.load import load_runs
+
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=1)
+    for k in range(12):
+        w.write(record(k, dropped_before=5 if k == 7 else 0))
+    w.close()
+    (run,) = load_runs([path])
+    assert any("dropped 5 records" in n for n in run.notes), run.notes
