@@ -131,7 +131,7 @@ def _widths(rank, world):
         rec = pacer.step()
         state = pacer._engine.state
         seen.append((len(rec.site_spread_us) if rec else None,
-                     pacer._engine._gather_out[0].numel(), state.step, state.shape[1]))
+                     pacer._engine._gathered.numel() // world, state.step, state.shape[1]))
     return seen
 
 

@@ -21,3 +21,13 @@ def device_backend_missing() -> str | None:
             return (f"{mod} is not installed: pip install 'gpupace[cuda12]' "
                     f"(or 'gpupace[cuda13]' for CUDA 13)")
     return None
+
+
+def gather_rows(out, row, group) -> None:
+    """all_gather of one row per rank into one preallocated buffer (flat, or [N, W] where the
+    backend takes it): torch 2.13 renamed all_gather_into_tensor, deprecated there, to
+    all_gather_single."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, row, group=group)

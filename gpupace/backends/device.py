@@ -36,7 +36,7 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
-from . import device_backend_missing
+from . import device_backend_missing, gather_rows
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
 # Eager phase timing records two CUDA events per site, a few us of host time each: sample one
@@ -262,8 +262,8 @@ class DeviceEngine:
     def _exchange(self) -> None:
         if self.world_size == 1 or self.group is None and not dist.is_initialized():
             self.gathered[0].copy_(self.row)
-        elif hasattr(dist, "all_gather_into_tensor") and self.device.type == "cuda":
-            dist.all_gather_into_tensor(self.gathered, self.row, group=self.group)
+        elif self.device.type == "cuda":
+            gather_rows(self.gathered, self.row, self.group)
         else:  # gloo (CPU tests): the list form
             dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
 
