@@ -53,7 +53,6 @@ class Run:
     straggler: np.ndarray  # int, -1 when unknown
     active: np.ndarray  # bool
     earliness: np.ndarray
-    wait: np.ndarray
     delay: np.ndarray
     site_spread: np.ndarray  # [steps, sites]
     notes: list[str] = field(default_factory=list)
@@ -146,7 +145,6 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: list[StepRec
         transfer=col("transfer_us"), straggler=col("straggler", np.int64),
         active=col("active", bool),
         earliness=_matrix([r.earliness_us for r in records], world),
-        wait=_matrix([r.wait_us for r in records], world),
         delay=_matrix([r.delay_us for r in records], world),
         site_spread=_matrix([r.site_spread_us for r in records], sites),
     )
