@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import PaceConfig
-from .policy_fast import ABSURD_US, compile_fused, fused_update
+from .policy_fast import ABSURD_US, OUTLIER_Z, compile_fused, fused_update
 
 MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
 FUSED_MIN_ELEMENTS = 256
@@ -329,13 +329,19 @@ def update_reference(
         # Fast down; up only for a rank that has not been late for the holdoff, so that a rank
         # which is only sometimes early is never delayed into being the straggler.
         calm = np.where(earliness <= params.guard_us, 0, calm + 1)
-        rise = np.where(calm >= params.holdoff_steps, params.floor_rise, 0.0)
-        rate = np.where(earliness < floor, params.floor_fall, rise)
-        floor = floor + rate * (earliness - floor)
-        # Exponentially weighted mean and variance, started at the first sample.
+        # What the estimates learn from: earliness at most OUTLIER_Z standard deviations (and
+        # the guard) above the rank's mean. One step in which every other rank waited for a
+        # paused one (a checkpoint: earliness 30 s) would otherwise swell the variance, and
+        # switch the delays off, for hundreds of steps.
         first = var < 0
-        diff = np.where(first, 0.0, earliness - mean)
-        mean = np.where(first, earliness, mean + params.floor_rise * diff)
+        sd = np.sqrt(np.maximum(var, 0.0))
+        e = np.where(first, earliness, np.minimum(earliness, mean + OUTLIER_Z * sd + params.guard_us))
+        rise = np.where(calm >= params.holdoff_steps, params.floor_rise, 0.0)
+        rate = np.where(e < floor, params.floor_fall, rise)
+        floor = floor + rate * (e - floor)
+        # Exponentially weighted mean and variance, started at the first sample.
+        diff = np.where(first, 0.0, e - mean)
+        mean = np.where(first, e, mean + params.floor_rise * diff)
         var = (1.0 - params.floor_rise) * (np.maximum(var, 0.0) + params.floor_rise * diff * diff)
         above = np.where(spread > params.threshold_us, above + 1, 0)
         below = np.where(spread < params.release_us, below + 1, 0)
@@ -412,14 +418,17 @@ def deadline_delay(planned_us, arrival_us, usual_us, rate):
     straggler that pacing was meant to avoid. `arrival_us` is the rank's arrival on its own
     clock since it left the same site one step before (NaN when unknown: all ranks leave a
     site together, so that exit is a common reference), `usual_us` its running mean (NaN
-    before the first sample), updated at `rate`. Returns (delay to apply, new running mean).
+    before the first sample), updated at `rate` by at most the mean itself: one arrival a
+    minute late (a checkpoint) would otherwise lift it so far that later spikes went unseen
+    for ~100 steps. Returns (delay to apply, new running mean).
     Plain Python on scalars: the host backend calls it per site, the simulator compiles it."""
     if math.isnan(arrival_us):  # unknown arrival: the plan as it is
         return max(planned_us, 0.0), usual_us
     if math.isnan(usual_us):  # first sample
         return max(planned_us, 0.0), arrival_us
     late = arrival_us - usual_us
-    return max(0.0, planned_us - max(late, 0.0)), usual_us + rate * late
+    learn = min(late, usual_us) if usual_us > 0.0 else late
+    return max(0.0, planned_us - max(late, 0.0)), usual_us + rate * learn
 
 
 def oracle_delays(arrival_us: np.ndarray, guard_us: float = 0.0, cap_us: float = np.inf) -> np.ndarray:

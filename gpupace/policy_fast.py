@@ -27,6 +27,9 @@ from numba import types as nt
 # A wait, delay or step of more than 1000 s is a broken clock or a corrupted row, not a measurement.
 ABSURD_US = 1e9
 MODE_PACE = 2
+# The control state learns from earliness clipped this many standard deviations above the
+# rank's running mean (plus the guard): 4 leaves a Gaussian sample alone 99.997% of the time.
+OUTLIER_Z = 4.0
 _F, _I = nt.float64, nt.int64
 # The one signature `fused_update` is compiled for (see `compile_fused`). w, d and step_us are
 # strided ('A'): the host backend passes columns of its gathered [N, 2 + 2 W] matrix, and a
@@ -143,11 +146,14 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
                 # Fast down; up only for a rank that has not been late for the holdoff.
                 c = 0 if e <= guard_us else c + 1
-                rate = floor_fall if e < f else (floor_rise if c >= holdoff_steps else 0.0)
-                f = f + rate * (e - f)
                 fresh = v < 0.0  # the first sample starts the mean and variance
-                diff = 0.0 if fresh else e - m
-                m = e if fresh else m + floor_rise * diff
+                # Learnt from at most OUTLIER_Z sd (and the guard) above the mean: a pause.
+                top = m + OUTLIER_Z * np.sqrt(v) + guard_us
+                x = e if fresh or e < top else top
+                rate = floor_fall if x < f else (floor_rise if c >= holdoff_steps else 0.0)
+                f = f + rate * (x - f)
+                diff = 0.0 if fresh else x - m
+                m = x if fresh else m + floor_rise * diff
                 v = keep * ((0.0 if fresh else v) + floor_rise * diff * diff)
                 floor[k, i], calm[k, i], mean[k, i], var[k, i] = f, c, m, v
                 x = 0.0

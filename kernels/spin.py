@@ -82,7 +82,8 @@ def _enter_kernel(delay_ptr, usual_ptr, row_ptr, stamps_ptr, clk_ptr, site, dela
     seen = usual == usual  # NaN until the first sample
     late = tl.where(known & seen, arrival - usual, 0.0)
     delay = tl.load(delay_ptr + delay_offset + site) - tl.maximum(late, 0.0)
-    tl.store(usual_ptr + site, tl.where(known, tl.where(seen, usual + rate * late, arrival), usual))
+    learn = tl.where(usual > 0.0, tl.minimum(late, usual), late)  # by at most the mean itself
+    tl.store(usual_ptr + site, tl.where(known, tl.where(seen, usual + rate * learn, arrival), usual))
     t, i = spin_for(delay, cap_us, max_reads, t0, fake_tick, USE_CLOCK, HARD_CAP, HARD_READS)
     tl.store(stamps_ptr + 3 * site, t0)
     tl.store(stamps_ptr + 3 * site + 1, t)

@@ -12,7 +12,8 @@ Identical to `gpupace.policy.update` (the NumPy reference):
 - warm-up (steps <= warmup_steps measure but never learn or pace), the fast-down floor that
   rises only after `holdoff_steps` calm steps (the calm counter: steps since the rank was within
   guard_us of the last arrival), the running mean and variance of earliness (rate floor_rise,
-  variance -1 until the first sample), all reset for invalid ranks, the above/below counters and the on/off hysteresis, only
+  variance -1 until the first sample), all three learning from earliness clipped at
+  mean + OUTLIER_Z * sd + guard_us, all reset for invalid ranks, the above/below counters and the on/off hysteresis, only
   with two or more valid ranks;
 - the cap min(max_delay_us, cap_fraction * median of the known step times), 0 when none is known;
 - next delay clamp(gain * min(floor, mean - safety_z * sd) - guard, 0, cap), zero at inactive sites, for invalid ranks and
@@ -45,6 +46,7 @@ import triton.language as tl
 
 MODE_PACE = 2  # gpupace.policy.MODE_PACE; kernels do not import the library
 ABSURD_US = 1e9  # gpupace.policy.ABSURD_US
+OUTLIER_Z = 4.0  # gpupace.policy.OUTLIER_Z
 REC_OK, REC_STEP_TIME, REC_SPREAD, REC_RESIDUAL, REC_TRANSFER, REC_STRAGGLER = range(6)
 REC_ACTIVE, REC_SITE, REC_CAP, REC_N_SITES = range(6, 10)
 REC_HEAD = 10
@@ -73,6 +75,7 @@ def _hi(a, b):
 
 # The kernel reads module globals only as constexprs.
 _PACE = tl.constexpr(MODE_PACE)
+_OUTLIER_Z = tl.constexpr(OUTLIER_Z)
 _OK, _STEP_TIME, _SPREAD = tl.constexpr(REC_OK), tl.constexpr(REC_STEP_TIME), tl.constexpr(REC_SPREAD)
 _RESIDUAL, _TRANSFER = tl.constexpr(REC_RESIDUAL), tl.constexpr(REC_TRANSFER)
 _STRAGGLER, _ACTIVE = tl.constexpr(REC_STRAGGLER), tl.constexpr(REC_ACTIVE)
@@ -159,13 +162,16 @@ def _update_kernel(
         be = tl.where(fresh, 0, tl.load(below_ptr + s))
         # Fast down; up only after `holdoff` steps without being late (within guard of last).
         c = tl.where(learn, tl.where(e <= guard, 0, c + 1), c)
-        rate = tl.where(e < f, fall, tl.where(c >= holdoff, rise, 0.0))
-        f = tl.where(learn, f + rate * (e - f), f)
         # Exponentially weighted mean and variance of earliness, started at the first sample
-        # (var < 0: none yet).
+        # (var < 0: none yet). The state learns from earliness at most OUTLIER_Z sd (and the
+        # guard) above the mean, so that one paused step does not switch delays off for long.
         first = var < 0.0
-        diff = tl.where(first, 0.0, e - mu)
-        mu = tl.where(learn, tl.where(first, e, mu + rise * diff), mu)
+        top = mu + _OUTLIER_Z * tl.sqrt(tl.maximum(var, 0.0)) + guard
+        x = tl.where(first, e, tl.minimum(e, top))
+        rate = tl.where(x < f, fall, tl.where(c >= holdoff, rise, 0.0))
+        f = tl.where(learn, f + rate * (x - f), f)
+        diff = tl.where(first, 0.0, x - mu)
+        mu = tl.where(learn, tl.where(first, x, mu + rise * diff), mu)
         var = tl.where(learn, (1.0 - rise) * (tl.maximum(var, 0.0) + rise * diff * diff), var)
         ab = tl.where(learn, tl.where(spread > threshold, ab + 1, 0), ab)
         be = tl.where(learn, tl.where(spread < release, be + 1, 0), be)
