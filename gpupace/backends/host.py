@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .. import policy
 from ..config import PaceConfig
@@ -68,6 +69,10 @@ class HostEngine:
         self.rank = rank
         self.world_size = world_size
         self.max_sites = config.max_sites
+        # NCCL moves CUDA tensors only: on an NCCL group the rows travel through the GPU (a
+        # copy each way; the host backend waits for the step's collectives anyway).
+        nccl = world_size > 1 and dist.is_initialized() and dist.get_backend(group) == "nccl"
+        self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.state: policy.PolicyState | None = None
         self._next_delay = np.zeros(self.max_sites)
@@ -90,7 +95,8 @@ class HostEngine:
         self._width = width
         # One flat buffer, not N tensors stacked after the gather: at 4096 ranks the stack
         # alone cost 1-3 ms a step on the 2-core VM.
-        self._gathered = torch.zeros(self.world_size * (2 + 2 * width), dtype=torch.float64)
+        self._gathered = torch.zeros(self.world_size * (2 + 2 * width), dtype=torch.float64,
+                                     device=self._device)
 
     def _new_step(self) -> None:
         self.generation = getattr(self, "generation", -1) + 1  # exits of an older step are ignored
@@ -187,6 +193,7 @@ class HostEngine:
     def _exchange(self, row: np.ndarray) -> np.ndarray:
         if self.world_size == 1:
             return row[None, :]
-        gather_rows(self._gathered, torch.from_numpy(row), group=self.group)
+        gather_rows(self._gathered, torch.from_numpy(row).to(self._gathered.device),
+                    group=self.group)
         # [N, 2 + 2 W], overwritten by the next step's exchange (gloo takes a flat buffer)
-        return self._gathered.numpy().reshape(self.world_size, -1)
+        return self._gathered.cpu().numpy().reshape(self.world_size, -1)
