@@ -31,7 +31,7 @@ def settings_row(config: PaceConfig, backend: str) -> np.ndarray:
     return np.array(values + [BACKEND_CODES.index(backend)], dtype=np.float64)
 
 
-def disagreements(rows: np.ndarray, config: PaceConfig, backend: str) -> list[str]:
+def disagreements(rows: np.ndarray) -> list[str]:
     """One line per setting on which the gathered rows [N, len(SHARED) + 1] differ from
     rank 0's: the value there and on which ranks it differs."""
     names = [*SHARED, "backend"]
@@ -55,7 +55,7 @@ def check_ranks_agree(config: PaceConfig, backend: str, group: Any, pg_backend: 
         row = row.to(torch.device("cuda", torch.cuda.current_device()))
     rows = [torch.empty_like(row) for _ in range(world_size)]
     dist.all_gather(rows, row, group=group)
-    lines = disagreements(torch.stack(rows).cpu().numpy(), config, backend)
+    lines = disagreements(torch.stack(rows).cpu().numpy())
     if lines:
         raise ValueError("gpupace: the ranks were given different settings, and every rank must "
                          "pace with the same ones (a GPUPACE_* variable set on some hosts "
