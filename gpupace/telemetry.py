@@ -286,18 +286,27 @@ def read_telemetry(path: str | os.PathLike) -> Telemetry:
     """Reads a telemetry file. A missing or empty file, or a first line that is not a gpupace
     header, raises ValueError naming the file. Later lines that are cut short (a crash in the
     middle of a write) or corrupt are skipped and listed in `skipped`."""
+    skipped: list[str] = []
+    header = read_header(path)
+    return Telemetry(header=header, records=list(iter_records(path, skipped)), skipped=skipped)
+
+
+def iter_records(path: str | os.PathLike, skipped: list[str]) -> Iterator[StepRecord]:
+    """The step records of a telemetry file one at a time, so that a reader that keeps arrays
+    holds one record's lists at once, not the whole file's (Python lists take ~4x the JSON's
+    size). Lines cut short or corrupt are appended to `skipped` ("line N: why")."""
     path = Path(path)
-    records, skipped = [], []
     with _open(path) as f:
-        header = _header(f, path)
+        _header(f, path)
         for lineno, line in enumerate(f, start=2):
             if not line.strip():
                 continue
             try:
-                records.append(StepRecord.from_dict(json.loads(line)))
+                record = StepRecord.from_dict(json.loads(line))
             except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
                 skipped.append(f"line {lineno}: {type(e).__name__}: {str(e)[:120]}")
-    return Telemetry(header=header, records=records, skipped=skipped)
+                continue
+            yield record
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:

@@ -13,14 +13,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, first_measured_step, read_header, read_telemetry
+from ..telemetry import StepRecord, first_measured_step, iter_records, read_header
 
 # Files at least this large get a heartbeat on stderr while they are read.
 PROGRESS_BYTES = 5_000_000
@@ -123,38 +123,59 @@ def _matrix(rows: list[list[float]], width: int) -> np.ndarray:
     return out
 
 
-def to_run(label: str, path: Path, header: dict[str, Any], records: list[StepRecord],
+def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[StepRecord],
            skipped: list[str], other_files: Sequence[Path] = ()) -> Run:
-    """Arrays from records. Raises ValueError when no step record could be read."""
-    if not records:
+    """Arrays from records, taken one at a time (a generator such as `iter_records` keeps one
+    record's lists in memory at once). Raises ValueError when no step record could be read."""
+    scalars = {name: [] for name in _SCALARS}
+    earliness, delay, site_spread = [], [], []
+    world = int(header.get("world_size") or 0)
+    dropped = 0
+    for r in records:
+        for name, values in scalars.items():
+            values.append(getattr(r, name))
+        earliness.append(np.asarray(r.earliness_us, dtype=np.float64))
+        delay.append(np.asarray(r.delay_us, dtype=np.float64))
+        site_spread.append(np.asarray(r.site_spread_us, dtype=np.float64))
+        world = max(world, len(r.earliness_us), len(r.wait_us))
+        dropped += r.dropped_before
+    if not earliness:
         why = f"; {len(skipped)} lines skipped, first: {skipped[0]}" if skipped else ""
         raise ValueError(f"{path}: no step records{why}")
-    records = sorted(records, key=lambda r: r.step)
-    world = int(header.get("world_size") or 0)
-    world = max(world, max(len(r.earliness_us) for r in records),
-                max(len(r.wait_us) for r in records))
-    sites = max((len(r.site_spread_us) for r in records), default=0)
+    order = np.argsort(np.asarray(scalars["step"], dtype=np.int64), kind="stable")
 
     def col(name: str, dtype=np.float64) -> np.ndarray:
-        return np.array([getattr(r, name) for r in records], dtype=dtype)
+        return np.asarray(scalars[name], dtype=dtype)[order]
 
-    return Run(
+    def matrix(rows: list[np.ndarray], width: int) -> np.ndarray:
+        return _matrix([rows[k] for k in order], width)
+
+    run = Run(
         label=label, path=path, header=header, world_size=world, skipped=list(skipped),
         other_files=list(other_files), step=col("step", np.int64), time_s=col("time_s"),
         step_time=col("step_time_us"), spread=col("spread_us"), residual=col("residual_us"),
         transfer=col("transfer_us"), straggler=col("straggler", np.int64),
-        active=col("active", bool),
-        earliness=_matrix([r.earliness_us for r in records], world),
-        delay=_matrix([r.delay_us for r in records], world),
-        site_spread=_matrix([r.site_spread_us for r in records], sites),
+        active=col("active", bool), earliness=matrix(earliness, world),
+        delay=matrix(delay, world),
+        site_spread=matrix(site_spread, max((r.size for r in site_spread), default=0)),
     )
+    if dropped:
+        run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
+                         f"the steps; this report covers the {run.steps} written")
+    return run
 
 
-def _read(path: Path, progress: Progress | None):
-    """read_telemetry with a heartbeat for large files (it reads a file in one call)."""
+_SCALARS = ("step", "time_s", "step_time_us", "spread_us", "residual_us", "transfer_us",
+            "straggler", "active")
+
+
+def _read_run(label: str, path: Path, header: dict[str, Any], other_files: Sequence[Path],
+              progress: Progress | None) -> Run:
+    """`to_run` over the file's records as they are read, with a heartbeat for large files."""
+    skipped: list[str] = []
     size = path.stat().st_size if path.is_file() else 0
     if progress is None or size < PROGRESS_BYTES:
-        return read_telemetry(path)
+        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
     done = threading.Event()
     t0 = time.perf_counter()
 
@@ -167,7 +188,7 @@ def _read(path: Path, progress: Progress | None):
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
     try:
-        return read_telemetry(path)
+        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
     finally:
         done.set()
         thread.join()
@@ -220,26 +241,21 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     runs, labels = [], set()
     for group in order:
         group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
-        path = group[0][0]
-        tel = _read(path, progress)
-        label = str(tel.header.get("label") or "") or path.stem
+        path, header = group[0]
+        label = str(header.get("label") or "") or path.stem
         if label in labels:
             label = f"{label} ({path.stem})"
         if label in labels:
             label = f"{label} #{len(runs) + 1}"
         labels.add(label)
-        run = to_run(label, path, tel.header, tel.records, tel.skipped, [p for p, _ in group[1:]])
+        run = _read_run(label, path, header, [p for p, _ in group[1:]], progress)
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
-                             f"{tel.header.get('rank', 0)}'s ({path.name}): each holds every "
+                             f"{header.get('rank', 0)}'s ({path.name}): each holds every "
                              f"rank's rows")
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable lines skipped "
                              f"(first: {run.skipped[0]})")
-        dropped = sum(r.dropped_before for r in tel.records)
-        if dropped:
-            run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
-                             f"the steps; this report covers the {run.steps} written")
         if progress is not None:
             progress(f"{path.name}: {run.steps} steps, {run.world_size} ranks, label {label!r}")
         runs.append(run)
