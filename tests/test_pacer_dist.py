@@ -223,7 +223,9 @@ def test_a_telemetry_file_that_cannot_be_written_never_stops_training(tmp_path):
     deadline = time.monotonic() + 30
     while len(path.read_text().splitlines()) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # the writer's thread has the header and 3 records on disk
-    os.close(pacer._writer._file.fileno())  # the file's descriptor goes bad under the writer
+    full = os.open("/dev/full", os.O_WRONLY)  # the disk fills up under the writer
+    os.dup2(full, pacer._writer._file.fileno())
+    os.close(full)
     with pytest.warns(RuntimeWarning, match="failed, training goes on without it"):
         _steps(pacer, 20)
         time.sleep(0.2)
