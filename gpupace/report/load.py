@@ -8,12 +8,13 @@ real job and a simulated one) stay separate runs, in the order given.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,17 @@ def _read_run(label: str, path: Path, header: dict[str, Any], other_files: Seque
               progress: Progress | None) -> Run:
     """`to_run` over the file's records as they are read, with a heartbeat for large files."""
     skipped: list[str] = []
+    with _heartbeat(path, progress):
+        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
+
+
+@contextlib.contextmanager
+def _heartbeat(path: Path, progress: Progress | None) -> Iterator[None]:
+    """Says every 2 s how long a file of PROGRESS_BYTES or more has been read."""
     size = path.stat().st_size if path.is_file() else 0
     if progress is None or size < PROGRESS_BYTES:
-        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
+        yield
+        return
     done = threading.Event()
     t0 = time.perf_counter()
 
@@ -188,7 +197,7 @@ def _read_run(label: str, path: Path, header: dict[str, Any], other_files: Seque
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
     try:
-        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
+        yield
     finally:
         done.set()
         thread.join()
