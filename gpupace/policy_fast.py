@@ -13,9 +13,12 @@ which ~20 us the first pass, ~15 us the median of the step times and ~15 us the 
 delay outputs; on a cold cache, as once a training step, ~40 us more. Around it ~20-40 us of
 Python, half of it Numba's dispatch on the arguments (hence the packed ones: 35 -> 17 took
 192 -> 176 us off a cold update). A pacer needs only its own rank's state (`only`), which
-shrinks the state pass to S elements. bench/cpu_policy, with the host backend's strided
-inputs: 96-155 us p50 over four runs on 2026-11-30, the VM's speed moving its NumPy reference
-by 40% between them.
+shrinks the state pass to S elements and leaves the other ranks' delays unwritten (kept at 0
+in reused buffers: 256 KB of fresh outputs and their zeroing cost ~20 us a cold update).
+bench/cpu_policy, with the host backend's strided inputs: 96-155 us p50 over four runs on
+2026-11-30 before that change, 83-108 us over five runs after it.
+Cold, Numba's dispatch alone is costly: a no-op njit function of 17 arguments took 35 us after
+16 MB of other memory traffic (1.5 us warm), one of 3 arguments 18 us.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
     (per_rank [2, S, N]: earliness, then the next delays; valid [N]; per_site [3, S]: spread,
     residual, transfer; straggler [S]). `params`: `PolicyParams` as float64 [14], in its
     order. With `only` >= 0, the state and delays of that rank alone (a pacer's own); the
-    other ranks' state rows stay as they were and their delays are 0. Returns
+    other ranks' state rows and delays are not written (the caller keeps those delays at 0:
+    zeroing them every step cost ~10 us at 4096 x 4 on a cold cache). Returns
     (cap, step + 1). Few arguments, some packed: each one costs the call ~0.5-1 us of
     Numba's type dispatch, cold, as it is once a training step."""
     mode, threshold_us, release_us, on_steps, off_steps = params[0], params[1], params[2], \
@@ -120,17 +124,20 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
     cap = min(max_delay_us, cap_fraction * typical) if typical == typical else 0.0
     pacing = learning and mode == MODE_PACE
 
-    # Each element of delay is written once (twice for `only`'s rank); earliness holds w + d
+    # Each delay written is written once (`only`'s twice); earliness holds w + d
     # until a pass below subtracts the site's lowest.
-    total = np.zeros(n)  # each rank's delays over all sites
     rank_lo, rank_hi = (0, n) if only < 0 else (only, only + 1)
+    total = np.zeros(rank_hi - rank_lo)  # each updated rank's delays over all sites
     done = not learning or only >= 0  # earliness final before the state pass
     if done:
         for k in range(s):
-            lo = lowest[k]
-            for i in range(n):
-                earliness[k, i] = earliness[k, i] - lo if n_valid >= 2 else 0.0
-                delay[k, i] = 0.0
+            if n_valid >= 2:
+                lo = lowest[k]
+                for i in range(n):
+                    earliness[k, i] -= lo
+            else:
+                earliness[k, :] = 0.0
+            delay[k, rank_lo:rank_hi] = 0.0
     if learning:
         # Per site, ranks contiguous and branch-free: earliness, calm, floor, mean, variance
         # and the next delay. Invalid ranks go through too (NaN in, garbage out) and are reset
@@ -163,23 +170,25 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
                     x = x if x > 0.0 else 0.0
                     x = x if x < cap else cap
                     x = 0.0 if i == last else x
-                    total[i] += x
+                    total[i - rank_lo] += x
                 delay[k, i] = x
     if n_valid < n:
         for i in range(n):
             if not valid[i]:
                 for k in range(s):
-                    earliness[k, i], delay[k, i] = 0.0, 0.0
+                    earliness[k, i] = 0.0
                     if rank_lo <= i < rank_hi:
+                        delay[k, i] = 0.0
                         floor[k, i], calm[k, i], mean[k, i], var[k, i] = 0.0, 0, 0.0, -1.0
-                total[i] = 0.0
+                if rank_lo <= i < rank_hi:
+                    total[i - rank_lo] = 0.0
 
     # One rank's delays over all sites must not exceed the cap either.
     if pacing and s > 1:  # with one site, the clamp above already did it
         for i in range(rank_lo, rank_hi):
-            if total[i] > cap:
+            if total[i - rank_lo] > cap:
                 for k in range(s):
-                    delay[k, i] *= cap / total[i]
+                    delay[k, i] *= cap / total[i - rank_lo]
     return cap, step_count
 
 

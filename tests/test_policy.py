@@ -426,6 +426,28 @@ def test_one_rank_update_gives_that_rank_the_full_updates_delays():
             update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=bad)
 
 
+def test_in_place_updates_reuse_outputs_without_leaking_other_ranks_delays():
+    """`update_in_place` writes into buffers kept on the state, and for one `rank` the kernel
+    writes that rank's delays alone: after every-rank updates (many delays > 0), or another
+    rank's, the other ranks' delays must read 0, and they must match a fresh update's."""
+    rng = np.random.default_rng(8)
+    n, s = 300, 2
+    params = PolicyParams.from_config(PACE, n)
+    mine = init_state(n, s)
+    for step, rank in enumerate([None] * 30 + [3, 3, 9, None, 9]):
+        w = 200.0 + rng.exponential(500.0, (n, s))
+        w[3] += 6000.0
+        w[9] += 5000.0
+        pure, want = update(params, mine, w, np.zeros((n, s)), np.full(n, 2e4), rank=rank)
+        got = update_in_place(params, mine, w, np.zeros((n, s)), np.full(n, 2e4), rank=rank)
+        np.testing.assert_array_equal(got.delay, want.delay, err_msg=f"step {step}")
+        if rank is None:
+            assert step < 29 or (got.delay > 0).sum() > 2
+        else:
+            assert got.delay[rank].any() and not np.delete(got.delay, rank, axis=0).any()
+    assert mine.outputs is not None and pure.outputs is not mine.outputs
+
+
 def test_fused_update_reads_the_gathered_matrix_in_place():
     """The host backend passes columns of its gathered [N, 2 + 2 S] matrix: the kernel takes
     those strided views as they are (one compiled signature, no copy), and read-only or
