@@ -97,9 +97,9 @@ class PaceConfig:
     bounds them too."""
 
     ring_memory_mb: float | None = None
-    """Memory those records may take, in MB. A record holds four values per rank as Python
-    lists, ~32 bytes a value: ~0.5 MB at 4096 ranks, where 100,000 records would take 52 GB on
-    every rank. The default 128 keeps ~240 steps at 4096 ranks, ~3,600 at 256 and ~34,000 at
+    """Memory those records may take, in MB. A record holds four values per rank and one per
+    site as float64 arrays: ~0.13 MB at 4096 ranks, where 100,000 records would take 13 GB on
+    every rank. The default 128 keeps ~960 steps at 4096 ranks, ~13,000 at 256 and ~72,000 at
     8 (the estimate counts `max_sites` sites a record)."""
 
     max_sites: int | None = None

@@ -248,7 +248,7 @@ class Pacer:
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
         histogram over the records in memory after the warm-up steps, plus the settings. The
-        ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~240
+        ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~960
         steps at 4096 ranks); the telemetry file one step in `telemetry_every` of the run."""
         steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
         out = summarize(steady, self.world_size, self.samples_per_step)

@@ -35,9 +35,17 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
+def _empty() -> np.ndarray:
+    return np.empty(0)
+
+
 @dataclass(slots=True)
 class StepRecord:
-    """One step. Times in microseconds; per-rank lists are indexed by rank."""
+    """One step. Times in microseconds; per-rank arrays (float64, NaN where unknown) are
+    indexed by rank. Arrays, not lists: a pacer makes a record every step on every rank, and
+    at 4096 ranks four lists of Python floats cost ~1.5 ms to make and 32 bytes a value to
+    keep, against ~0.1 ms and 8 bytes (bench/cpu_telemetry, 2-core VM). Lists given to the
+    constructor are kept as given; `from_dict` makes arrays."""
 
     step: int
     time_s: float  # seconds since the run started, on the writer's clock
@@ -47,11 +55,11 @@ class StepRecord:
     transfer_us: float  # transfer estimate (min wait) at that site
     straggler: int  # last natural arrival at that site, -1 if unknown
     active: bool  # pacing engaged at any site
-    earliness_us: list[float] = field(default_factory=list)  # per rank, at that site
-    wait_us: list[float] = field(default_factory=list)  # per rank, summed over sites
-    delay_us: list[float] = field(default_factory=list)  # per rank, applied, summed over sites
-    step_times_us: list[float] = field(default_factory=list)  # per rank
-    site_spread_us: list[float] = field(default_factory=list)  # per site
+    earliness_us: np.ndarray = field(default_factory=_empty)  # per rank, at that site
+    wait_us: np.ndarray = field(default_factory=_empty)  # per rank, summed over sites
+    delay_us: np.ndarray = field(default_factory=_empty)  # per rank, applied, summed over sites
+    step_times_us: np.ndarray = field(default_factory=_empty)  # per rank
+    site_spread_us: np.ndarray = field(default_factory=_empty)  # per site
     dropped_before: int = 0  # records the writer dropped just before this one (it fell behind)
 
     def to_json(self, chunk: int = 0) -> str:
@@ -65,7 +73,8 @@ class StepRecord:
         if chunk > 0:
             text = "{" + ",".join(f'"{k}":{_dumps_chunked(v, chunk)}' for k, v in fields.items()) + "}"
         else:
-            text = json.dumps(fields, separators=(",", ":"))
+            text = json.dumps({k: v.tolist() if isinstance(v, np.ndarray) else v
+                               for k, v in fields.items()}, separators=(",", ":"))
         if "NaN" in text or "Infinity" in text:
             text = text.replace("-Infinity", "null").replace("Infinity", "null").replace("NaN", "null")
         return text
@@ -77,16 +86,20 @@ class StepRecord:
                    and f.default_factory is dataclasses.MISSING} - set(d)
         if missing:
             raise ValueError(f"step record lacks fields {sorted(missing)}")
-        return cls(**{k: _nan(v) for k, v in d.items() if k in names})
+        return cls(**{k: _nan(k, v) for k, v in d.items() if k in names})
 
 
 def _dumps_chunked(value: Any, chunk: int) -> str:
-    """json.dumps(value), a long list `chunk` items per call with a GIL release between."""
-    if not isinstance(value, list) or len(value) <= chunk:
-        return json.dumps(value, separators=(",", ":"))
+    """json.dumps(value), a long array or list `chunk` items per call with a GIL release
+    between."""
+    if not isinstance(value, (list, np.ndarray)) or len(value) <= chunk:
+        return json.dumps(value.tolist() if isinstance(value, np.ndarray) else value,
+                          separators=(",", ":"))
     parts = []
     for i in range(0, len(value), chunk):
-        parts.append(json.dumps(value[i:i + chunk], separators=(",", ":"))[1:-1])
+        part = value[i:i + chunk]
+        part = part.tolist() if isinstance(part, np.ndarray) else part
+        parts.append(json.dumps(part, separators=(",", ":"))[1:-1])
         time.sleep(0)  # releases the GIL: a waiting training thread runs now
     return "[" + ",".join(parts) + "]"
 
@@ -102,11 +115,15 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def _nan(v: Any) -> Any:
+def _nan(name: str, v: Any) -> Any:
+    """A field read from JSON: null is NaN; a list becomes a float64 array (null as NaN)."""
     if v is None:
         return float("nan")
     if isinstance(v, list):
-        return [float("nan") if x is None else x for x in v]
+        a = np.array(v, dtype=np.float64)  # raises ValueError on anything but numbers and null
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be a list of numbers, got {a.ndim} dimensions")
+        return a
     return v
 
 
@@ -340,10 +357,10 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
     return header
 
 
-# A record's size in memory: its per-rank lists hold Python floats, 24 bytes each plus an
-# 8-byte slot; ~700 bytes for the rest (tracemalloc: 689 bytes at 2 ranks, 525 KB at 4096).
-RECORD_BYTES_PER_VALUE = 32
-RECORD_BYTES_FIXED = 700
+# A record's size in memory: float64 arrays, 8 bytes a value, and ~1 KB for the rest (the
+# array headers and the scalars; tracemalloc: 1.0 KB at 2 ranks x 4 sites, 132 KB at 4096).
+RECORD_BYTES_PER_VALUE = 8
+RECORD_BYTES_FIXED = 1000
 
 
 def record_bytes(world_size: int, n_sites: int) -> int:
@@ -406,7 +423,7 @@ def summarize(records: Iterable[StepRecord], world_size: int | None = None,
         "entry_spread_p99": _stat(entry, np.percentile, 99),
         # Hysteresis on; the floors may still be rising: `delayed_fraction` is when delays ran.
         "active_fraction": float(np.mean([r.active for r in records])) if records else 0.0,
-        "delayed_fraction": float(np.mean([max(r.delay_us, default=0.0) > 0.0
+        "delayed_fraction": float(np.mean([bool(np.any(np.asarray(r.delay_us) > 0.0))
                                            for r in records])) if records else 0.0,
         "delay_mean": float(np.mean([np.sum(r.delay_us) for r in records]) / max(world_size, 1))
         if records else 0.0,
@@ -423,28 +440,27 @@ def _stat(a: np.ndarray, fn, *args) -> float:
 
 def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
                 d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
-    """A telemetry record from one policy update: step scalars at the site of largest spread.
-    Every rank makes one each step, so it avoids NumPy's slow paths: at 4096 ranks x 4 sites
-    on the 2-core VM, ~940 us became ~670 warm (~370 of it with the GC off, most of that the
-    four lists) and 3.1 ms became 1.6 in bench/cpu_telemetry."""
-    site_spread = stats.spread.tolist()
+    """A telemetry record from one policy update: step scalars at the site of largest spread,
+    per-rank arrays copied out of the update's buffers (which the next update reuses).
+    Every rank makes one each step: at 4096 ranks x 4 sites on the 2-core VM it took ~1.6 ms
+    as Python lists, ~0.1 ms as arrays (bench/cpu_telemetry)."""
+    spread = stats.spread
     # The first site of largest spread; a NaN spread (fewer than 2 valid ranks) counts as -1.
-    s = max(range(len(site_spread)), key=lambda k: site_spread[k]
-            if site_spread[k] == site_spread[k] else -1.0)
+    s = int(np.argmax(np.where(spread == spread, spread, -1.0)))
     return StepRecord(
         step=step,
         time_s=time_s,
         step_time_us=float(steps[rank]),
-        spread_us=site_spread[s],
+        spread_us=float(spread[s]),
         residual_us=float(stats.residual[s]),
         transfer_us=float(stats.transfer[s]),
         straggler=int(stats.straggler[s]),
         active=bool(stats.active.any()),
-        earliness_us=stats.earliness[:, s].tolist(),
-        wait_us=_site_sums(w).tolist(),
-        delay_us=_site_sums(d).tolist(),
-        step_times_us=steps.tolist(),
-        site_spread_us=site_spread,
+        earliness_us=np.array(stats.earliness[:, s], dtype=np.float64),
+        wait_us=_site_sums(w),
+        delay_us=_site_sums(d),
+        step_times_us=np.array(steps, dtype=np.float64),
+        site_spread_us=np.array(spread, dtype=np.float64),
     )
 
 

@@ -180,8 +180,8 @@ def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named
 
 
 def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():
-    # At one rank with max_sites 64 a record is ~2.9 KB by the ring's estimate: 3 fit in 10 KB.
-    pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.01))
+    # At one rank with max_sites 64 a record is ~1.5 KB by the ring's estimate: 3 fit in 5 KB.
+    pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.005))
     for _ in range(5):
         with pacer.site("compute"):
             pass

@@ -334,11 +334,11 @@ class DeviceEngine:
                 step_time_us=float(rec[u.REC_STEP_TIME]), spread_us=float(rec[u.REC_SPREAD]),
                 residual_us=float(rec[u.REC_RESIDUAL]), transfer_us=float(rec[u.REC_TRANSFER]),
                 straggler=int(rec[u.REC_STRAGGLER]), active=bool(rec[u.REC_ACTIVE]),
-                earliness_us=rec[h:h + n].astype(float).tolist(),
-                wait_us=rec[h + n:h + 2 * n].astype(float).tolist(),
-                delay_us=rec[h + 2 * n:h + 3 * n].astype(float).tolist(),
-                step_times_us=rec[h + 3 * n:h + 4 * n].astype(float).tolist(),
-                site_spread_us=rec[h + 4 * n:h + 4 * n + n_sites].astype(float).tolist(),
+                earliness_us=rec[h:h + n].astype(np.float64),
+                wait_us=rec[h + n:h + 2 * n].astype(np.float64),
+                delay_us=rec[h + 2 * n:h + 3 * n].astype(np.float64),
+                step_times_us=rec[h + 3 * n:h + 4 * n].astype(np.float64),
+                site_spread_us=rec[h + 4 * n:h + 4 * n + n_sites].astype(np.float64),
             ))
 
     def _collect_phases(self) -> None:

@@ -79,7 +79,7 @@ def _records_view(run: Run) -> list[Any]:
                        step_time_us=float(run.step_time[k]), spread_us=float(run.spread[k]),
                        residual_us=float(run.residual[k]), transfer_us=float(run.transfer[k]),
                        straggler=int(run.straggler[k]), active=bool(run.active[k]),
-                       delay_us=[float(delay_sum[k])])
+                       delay_us=delay_sum[k:k + 1])
             for k in np.flatnonzero(measured(run))]
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
+
 from ..telemetry import StepRecord
 
 INSTALL_HINT = "pip install tensorboard"
@@ -45,7 +47,8 @@ class TensorBoardLogger:
         out rather than drawn as gaps."""
         if self._writer is None:
             raise ValueError("this TensorBoardLogger is closed")
-        delays = [d for d in record.delay_us if math.isfinite(d)]
+        delays = np.asarray(record.delay_us, dtype=np.float64)
+        delays = delays[np.isfinite(delays)]
         scalars = {
             "step_time_ms": record.step_time_us / 1e3,
             "spread_ms": record.spread_us / 1e3,
@@ -53,8 +56,8 @@ class TensorBoardLogger:
             "transfer_ms": record.transfer_us / 1e3,
             "straggler_rank": float(record.straggler),
             "pacing_active": 1.0 if record.active else 0.0,
-            "delay_mean_ms": (sum(delays) / len(delays) / 1e3) if delays else 0.0,
-            "delay_max_ms": (max(delays) / 1e3) if delays else 0.0,
+            "delay_mean_ms": float(delays.mean()) / 1e3 if delays.size else 0.0,
+            "delay_max_ms": float(delays.max()) / 1e3 if delays.size else 0.0,
         }
         for name, value in scalars.items():
             if math.isfinite(value):

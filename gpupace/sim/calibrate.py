@@ -163,7 +163,7 @@ def _match_median(fit: TelemetryFit, resid: np.ndarray, target_us: float) -> Tel
 def steady_site_count(records: list[StepRecord], header: dict[str, Any]) -> int:
     """Paced sites per step, the most common count once warmed up: DDP rebuilds its buckets
     after the first step, so step 0 shows one site where the demo paces three."""
-    counts = Counter(len(r.site_spread_us) for r in records if r.site_spread_us)
+    counts = Counter(len(r.site_spread_us) for r in records if len(r.site_spread_us))
     if counts:
         return max(counts.most_common(1)[0][0], 1)
     return max(len(header.get("sites") or []), 1)
