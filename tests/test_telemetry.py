@@ -90,11 +90,16 @@ def test_background_writer_failure_reaches_the_caller(tmp_path):
 def test_cut_and_corrupt_lines_are_skipped_and_listed(tmp_path):
     path = tmp_path / "t.jsonl"
     header = json.dumps(make_header(source="test", world_size=2))
+    nested = record(3).to_json().replace('"wait_us":[150.0,100.0]', '"wait_us":[[150.0],100.0]')
+    words = record(4).to_json().replace('"delay_us":[0.0,0.0]', '"delay_us":["a",0.0]')
     path.write_text("\n".join([header, record(0).to_json(), "{not json", '{"step": 1}',
-                               record(2).to_json()[:40]]) + "\n")
+                               record(2).to_json()[:40], nested, words]) + "\n")
     tel = read_telemetry(path)
     assert [r.step for r in tel.records] == [0]
-    assert len(tel.skipped) == 3 and tel.skipped[0].startswith("line 3:")
+    assert len(tel.skipped) == 5 and tel.skipped[0].startswith("line 3:")
+    assert tel.skipped[3].startswith("line 6: ValueError") and tel.skipped[4].startswith("line 7")
+    # A line read back holds float64 arrays, a null as NaN.
+    assert tel.records[0].wait_us.dtype == np.float64 and tel.records[0].wait_us[1] == 100.0
 
 
 @pytest.mark.parametrize("content, message", [
