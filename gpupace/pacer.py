@@ -32,6 +32,9 @@ from .backends.host import HostEngine
 from .config import PaceConfig
 from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity, summarize
 
+# Paced collectives without a step(), in units of `max_sites`, past which the pacer warns.
+MISSING_STEP_FACTOR = 4
+
 
 class Pacer:
     """Paces the collectives of one process group. See the module docstring.
@@ -84,6 +87,10 @@ class Pacer:
                                        self.world_size, self.config.max_sites))
         self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
+        self._sites_this_step = 0  # paced collectives since the last step()
+        self._sites_last_step = 0
+        self._warned: set[str] = set()  # misuse already warned about, once each
+        self._closed = False
         self._writer: TelemetryWriter | None = None
         # One step's record in this many goes to the file and TensorBoard: every step up to 127
         # ranks, then fewer (a record is ~74 bytes of JSON a rank, ~11 ms to encode at 4096).
@@ -194,8 +201,20 @@ class Pacer:
         return work
 
     def _arrive(self, name: str):
-        self._names_this_step.append(name)
+        self._sites_this_step += 1
+        if len(self._names_this_step) < self.config.max_sites:  # bounded if step() never comes
+            self._names_this_step.append(name)
+        elif self._sites_this_step == MISSING_STEP_FACTOR * self.config.max_sites:
+            self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced collectives "
+                            "since the last pacer.step(): call pacer.step() once per training "
+                            "step, on every rank, after the step's collectives. Without it "
+                            "nothing is exchanged, paced or recorded.")
         return self._engine.arrive()
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     # -- steps ------------------------------------------------------------------------------
     def step(self) -> StepRecord | None:
@@ -206,6 +225,15 @@ class Pacer:
         self.steps += 1
         if not self.enabled:
             return None
+        if self._closed:
+            self._warn_once("closed", "gpupace: pacer.step() after pacer.close(): pacing and "
+                            "summary() go on, but the telemetry file and TensorBoard are closed")
+        if self._sites_this_step == 0 and self._sites_last_step > 0:
+            self._warn_once("empty_step", "gpupace: pacer.step() saw no paced collective since "
+                            f"the last step() (the step before had {self._sites_last_step}): "
+                            "call it once per training step, after the step's collectives, not "
+                            "per micro-batch. Such a step records nothing.")
+        self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
         record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         if record is not None:
@@ -247,7 +275,8 @@ class Pacer:
 
     def summary(self) -> dict[str, Any]:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
-        histogram over the records in memory after the warm-up steps, plus the settings. The
+        histogram over the records in memory after the warm-up steps (`summarize`), plus the
+        mode, backend, world size and the paced sites of the last step (at most max_sites). The
         ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~960
         steps at 4096 ranks); the telemetry file one step in `telemetry_every` of the run."""
         steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
@@ -265,11 +294,16 @@ class Pacer:
         """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`."""
         from .integrations.ddp import ddp_comm_hook
         self.check_group()
+        if not callable(getattr(ddp_model, "register_comm_hook", None)):
+            raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "
+                            f"got {type(ddp_model).__name__}: wrap it first, "
+                            f"DistributedDataParallel(model)")
         ddp_model.register_comm_hook(self, ddp_comm_hook)
 
     def close(self) -> None:
         """Collects what the device still holds, flushes and closes the telemetry file. Safe to
         call twice."""
+        self._closed = True
         if self._writer is not None or self._tb is not None:
             self.drain()
         if self._writer is not None:

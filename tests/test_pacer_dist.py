@@ -309,3 +309,39 @@ def test_host_backend_on_an_nccl_group_warns(monkeypatch, tmp_path):
             Pacer(PaceConfig())
     finally:
         dist.destroy_process_group()
+
+
+def test_misuse_of_step_and_close_warns_once_each():
+    """Forgetting step() (collectives pile up), calling it twice a step (one with no paced
+    collective) and stepping after close() each warn once, naming the fix; the names kept
+    for a missing step() stay bounded."""
+    pacer = Pacer(PaceConfig(warmup_steps=0, max_sites=2))
+    with pytest.warns(RuntimeWarning, match=r"8 paced collectives since the last pacer.step"):
+        for _ in range(20):
+            with pacer.site("grads"):
+                pass
+    pacer.step()
+    assert pacer.site_names == ["grads", "grads"]  # at most max_sites names
+    with pacer.site("grads"):
+        pass
+    pacer.step()
+    with pytest.warns(RuntimeWarning, match=r"saw no paced collective .* had 1\)"):
+        pacer.step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # each misuse is told once, not every step
+        for _ in range(2):
+            pacer.step()
+            with pacer.site("grads"):
+                pass
+            pacer.step()
+    pacer.close()
+    with pytest.warns(RuntimeWarning, match=r"after pacer.close\(\)"):
+        with pacer.site("grads"):
+            pass
+        pacer.step()
+
+
+def test_attach_names_a_model_that_is_not_ddp():
+    pacer = Pacer(PaceConfig())
+    with pytest.raises(TypeError, match=r"DistributedDataParallel model, got Linear"):
+        pacer.attach(torch.nn.Linear(2, 2))

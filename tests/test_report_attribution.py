@@ -130,7 +130,7 @@ def test_cli_prints_the_headline_first_then_lost_time_with_its_definition(demo_l
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("baseline-1: rank 3 last in 9") and "% of steps" in lines[0]
     assert "ms behind the median rank" in lines[0]
-    assert "leading cause locality" in lines[0] and "confidence 0." in lines[0]
+    assert "cause locality (" in lines[0] and "confidence 0." in lines[0]
     assert lines[1].strip().startswith("lost ") and "% of the measured time" in lines[1]
     assert "ideal step" in lines[1] and "5th-percentile step" in lines[1]
     assert "unattributed" in lines[2] and "sync_amplification" in lines[2]
@@ -264,3 +264,18 @@ def test_two_ranks_name_a_rank_late_in_most_steps(tmp_path):
     assert lr["rank"] == 1 and 0.8 < lr["last_fraction"] < 0.98 and lr["persistent"]
     line = headline(d)
     assert line.startswith("two: rank 1 last in ") and "behind the other rank" in line
+
+
+def test_the_headline_names_a_likely_cause_before_a_larger_possible_one():
+    """A mode with a larger share but weak evidence ("possible") must not be named the
+    leading cause over one with strong evidence ("likely"); with none likely, the largest
+    possible one is named as possible."""
+    from gpupace.report.diagnose import Diagnosis, ModeFinding
+
+    summary = {"label": "r", "lost_fraction": 0.2, "world_size": 8, "late_rank": None}
+    amp = ModeFinding("sync_amplification", 0.5, 0.32, {}, [], "possible")
+    loc = ModeFinding("locality", 0.2, 0.72, {}, [3], "likely")
+    line = headline(Diagnosis(summary, [amp, loc]))
+    assert "leading cause locality (20% of the lost time, likely, confidence 0.72)" in line, line
+    line = headline(Diagnosis(summary, [amp]))
+    assert "possible cause sync_amplification (50% of the lost time, possible" in line, line

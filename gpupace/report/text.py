@@ -11,7 +11,8 @@ from .diagnose import MIN_CONFIDENCE, Diagnosis
 
 def headline(d: Diagnosis) -> str:
     """One line: who is late (rank, how often, by how much) and the leading cause with its
-    confidence, or that no single cause has enough evidence."""
+    confidence (a "likely" one before any "possible" one, then by share of the lost time), or
+    that no single cause has enough evidence."""
     s = d.summary
     label = s.get("label", "")
     if "lost_fraction" not in s:
@@ -32,9 +33,13 @@ def headline(d: Diagnosis) -> str:
             chance = 100 / max(int(s.get("world_size") or 1), 1)
             who = (f"no persistently late rank (most often rank {lr['rank']}: last in "
                    f"{pct:.0f}% of steps, {chance:.0f}% by chance)")
-    lead = next((m for m in d.modes if m.share > 0), None)
+    # The largest share among the "likely" modes, else among the "possible" ones: a mode
+    # with a larger share and weak evidence does not outrank one with strong evidence.
+    named = [m for m in d.modes if m.share > 0]
+    lead = next((m for m in named if m.verdict == "likely"), named[0] if named else None)
     if lead is not None:
-        cause = (f"leading cause {lead.mode} ({100 * lead.share:.0f}% of the lost time, "
+        cause = (f"{'leading' if lead.verdict == 'likely' else 'possible'} cause {lead.mode} "
+                 f"({100 * lead.share:.0f}% of the lost time, {lead.verdict}, "
                  f"confidence {lead.confidence:.2f})")
     elif s.get("note"):
         cause = s["note"]
