@@ -17,16 +17,20 @@ COMMANDS = {
     "report": ("gpupace.report.cli", "HTML report and failure-mode diagnosis from telemetry files"),
     "doctor": ("gpupace.doctor", "which backends this machine supports, and why not"),
 }
+ALIASES = {"sim": "simulate"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ALIASES:
+        argv[0] = ALIASES[argv[0]]
     parser = argparse.ArgumentParser(
         prog="gpupace", description="Measure, explain and damp synchronisation jitter in "
         "data-parallel training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_) in COMMANDS.items():
-        sub.add_parser(name, help=help_, add_help=False)
+        sub.add_parser(name, help=help_, add_help=False,
+                       aliases=[a for a, to in ALIASES.items() if to == name])
     if not argv or argv[0] not in COMMANDS:
         parser.parse_args(argv or ["--help"])
         return 2

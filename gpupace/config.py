@@ -264,8 +264,11 @@ def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
     ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
     if not ok:
-        left = "(" if lo_open else "["
-        raise ValueError(f"{name} must be a finite number in {left}{lo}, {hi}], got {v!r}")
+        if math.isinf(hi):
+            within = f"{'>' if lo_open else '>='} {lo}"
+        else:
+            within = f"in {'(' if lo_open else '['}{lo}, {hi}]"
+        raise ValueError(f"{name} must be a finite number {within}, got {v!r}")
 
 
 def _check_int(name: str, v: Any, lo: int) -> None:

@@ -38,6 +38,8 @@ def test_env_is_read_in_the_constructor_not_at_import(monkeypatch):
         ({"gain": 1.5}, r"gain must be .*\[0.0, 1.0\], got 1.5"),
         ({"cap_fraction": 0.0}, r"cap_fraction must be .*\(0.0, 1.0\], got 0.0"),
         ({"threshold_us": float("nan")}, r"threshold_us must be a finite number"),
+        ({"threshold_us": -1.0}, r"threshold_us must be a finite number > 0.0, got -1.0"),
+        ({"guard_us": -1.0}, r"guard_us must be a finite number >= 0.0, got -1.0"),
         ({"release_us": 500.0, "threshold_us": 100.0}, r"release_us must be <= threshold_us"),
         ({"on_steps": 0}, r"on_steps must be an integer >= 1, got 0"),
         ({"warmup_steps": 2.5}, r"warmup_steps must be an integer >= 0, got 2.5"),

@@ -52,6 +52,8 @@ def test_cli_bad_parameter_is_one_clear_line(tmp_path, capsys):
     assert len(err) == 1 and "--nodes" in err[0] and "[1, 4096]" in err[0]
     rc = main(["simulate", "--preset", "quiet", "--nodes", "2", "--steps", "1"])
     assert rc == 2 and "--steps" in capsys.readouterr().err
+    rc = main(["sim", "--preset", "quiet", "--nodes", "2", "--steps", "1"])  # the short name
+    assert rc == 2 and "gpupace simulate" in capsys.readouterr().err
     rc = main(["simulate", "--preset", "quiet", "--nodes", "4096", "--steps", "100",
                "--telemetry", str(tmp_path / "t.jsonl")])
     assert rc == 2 and "--telemetry" in capsys.readouterr().err

@@ -121,7 +121,7 @@ def spread(runs: Sequence[Run], out: Path) -> str:
     def residual(ax: Any, run: Run, c: str) -> None:
         if run.active.any():
             x, med, _, _ = _binned(run.step.astype(float), run.residual / 1e3)
-            ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: after pacing")
+            ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: entry spread")
 
     return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank; dashed: "
                    "end of warm-up)",
