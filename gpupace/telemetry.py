@@ -62,6 +62,19 @@ class StepRecord:
     site_spread_us: np.ndarray = field(default_factory=_empty)  # per site
     dropped_before: int = 0  # records the writer dropped just before this one (it fell behind)
 
+    def __eq__(self, other: object) -> bool:
+        """Field by field, arrays by value (the generated one would ask an array for its truth)."""
+        if not isinstance(other, StepRecord):
+            return NotImplemented
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, (np.ndarray, list)) or isinstance(b, (np.ndarray, list)):
+                if not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
     def to_json(self, chunk: int = 0) -> str:
         """One JSON line. `chunk` > 0 encodes long lists `chunk` values at a time and lets
         other threads run in between: the background writer's way to keep each hold of the

@@ -42,6 +42,12 @@ def test_non_finite_values_are_written_as_null_and_read_back_as_nan(tmp_path):
     assert rec.wait_us[1] == 1.0
 
 
+def test_records_compare_by_value():
+    a = record(1, wait_us=np.array([150.0, 100.0]))
+    assert a == record(1) and a != record(1, wait_us=np.array([150.0, 99.0]))
+    assert a != record(2) and a != record(1, wait_us=np.array([150.0]))
+
+
 def test_records_reach_the_file_every_interval_before_close(tmp_path):
     path = tmp_path / "t.jsonl"
     w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=3)
