@@ -99,7 +99,7 @@ class StepRecord:
                    and f.default_factory is dataclasses.MISSING} - set(d)
         if missing:
             raise ValueError(f"step record lacks fields {sorted(missing)}")
-        return cls(**{k: _nan(k, v) for k, v in d.items() if k in names})
+        return cls(**{k: _from_json(k, v) for k, v in d.items() if k in names})
 
 
 def _dumps_chunked(value: Any, chunk: int) -> str:
@@ -128,7 +128,7 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def _nan(name: str, v: Any) -> Any:
+def _from_json(name: str, v: Any) -> Any:
     """A field read from JSON: null is NaN; a list becomes a float64 array (null as NaN)."""
     if v is None:
         return float("nan")
