@@ -27,6 +27,7 @@ import numpy as np
 from .cli import check_output_file
 from .config import PaceConfig
 from .launch import run_ranks
+from .summary import SUMMARY_ROWS
 
 SCENARIOS = ("persistent", "random", "locality", "mixed")
 WAITS = ("sleep", "spin")
@@ -218,21 +219,6 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
     return out
 
 
-ROWS = (  # label, key, scale, format
-    ("throughput (samples/s)", "throughput", 1.0, "{:.0f}"),
-    ("step time mean (ms)", "step_time_mean", 1e-3, "{:.2f}"),
-    ("step time p50 (ms)", "step_time_p50", 1e-3, "{:.2f}"),
-    ("step time p99 (ms)", "step_time_p99", 1e-3, "{:.2f}"),
-    ("step time CV", "step_time_cv", 1.0, "{:.3f}"),
-    # Natural arrivals (w + d): pacing cannot move them, it delays the entries after them.
-    ("arrival spread mean (ms)", "spread_mean", 1e-3, "{:.2f}"),
-    ("arrival spread p99 (ms)", "spread_p99", 1e-3, "{:.2f}"),
-    ("entry spread mean (ms)", "entry_spread_mean", 1e-3, "{:.2f}"),
-    ("entry spread p99 (ms)", "entry_spread_p99", 1e-3, "{:.2f}"),
-    ("delay per rank-step (ms)", "delay_mean", 1e-3, "{:.2f}"),
-    ("pacing on (% of steps)", "active_fraction", 100.0, "{:.0f}"),
-    ("steps with a delay (%)", "delayed_fraction", 100.0, "{:.0f}"),
-)
 NO_CHANGE_COLUMN = ("delay_mean", "active_fraction", "delayed_fraction")
 
 
@@ -242,7 +228,7 @@ def format_table(r: dict[str, Any]) -> str:
              f"{r['stats_from_step']}-{r['phase_steps'] - 1} of each phase (before them the "
              "pacer settles)",
              f"{'':28}{'baseline':>12}{'paced':>12}{'change':>10}"]
-    for label, key, scale, fmt in ROWS:
+    for label, key, scale, fmt in SUMMARY_ROWS:
         b, p = r["baseline"][key] * scale, r["paced"][key] * scale
         change = f"{100 * (p / b - 1):+.1f}%" if b and math.isfinite(b) and math.isfinite(p) \
             and key not in NO_CHANGE_COLUMN else ""

@@ -24,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .config import PaceConfig
 from .integrations.ddp import ddp_comm_hook
 from .pacer import Pacer
-from .telemetry import StepRecord, summarize
+from .summary import summarize
+from .telemetry import StepRecord
 
 WORK_DIM = 96  # one unit of injected work: a 96x96 matrix product (~0.1 ms on one core)
 

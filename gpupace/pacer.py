@@ -30,7 +30,8 @@ from .agree import check_ranks_agree
 from .backends import BACKENDS, device_backend_missing
 from .backends.host import HostEngine
 from .config import PaceConfig
-from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity, summarize
+from .summary import Summary, summarize
+from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity
 
 # Paced collectives without a step(), in units of `max_sites`, past which the pacer warns.
 MISSING_STEP_FACTOR = 4
@@ -273,10 +274,11 @@ class Pacer:
             with contextlib.suppress(OSError, RuntimeError):
                 writer.close()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> Summary:
         """Throughput, step-time mean, CV, p50/p99/max, spread mean/p99 and the straggler
         histogram over the records in memory after the warm-up steps (`summarize`), plus the
-        mode, backend, world size and the paced sites of the last step (at most max_sites). The
+        mode, backend, world size and the paced sites of the last step (at most max_sites): a
+        dict, times in us, that `print` shows as a table in ms. The
         ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~960
         steps at 4096 ranks); the telemetry file one step in `telemetry_every` of the run."""
         steady = [r for r in self.ring if r.step >= self.config.warmup_steps]

@@ -1,5 +1,5 @@
-"""Per-step telemetry: the record format, a bounded in-memory ring, the JSON-lines writer and
-reader, and the run summary.
+"""Per-step telemetry: the record format, a bounded in-memory ring, and the JSON-lines writer
+and reader (the run summary is in `gpupace.summary`).
 
 File format (JSON lines), shared by `Pacer`, `gpupace demo` and the simulator:
   line 1, the header: {"gpupace": "telemetry", "format": 1, "source", "label", "rank",
@@ -402,53 +402,6 @@ class Ring:
 
     def __len__(self) -> int:
         return len(self._records)
-
-
-def summarize(records: Iterable[StepRecord], world_size: int | None = None,
-              samples_per_step: float = 1.0) -> dict[str, Any]:
-    """Throughput and the variance, tail and jitter figures the study asks for.
-    Steps with an unknown step time (the first) are left out of the step-time figures."""
-    records = list(records)
-    st = np.array([r.step_time_us for r in records], dtype=np.float64)
-    st = st[np.isfinite(st) & (st > 0)]
-    sp = np.array([r.spread_us for r in records], dtype=np.float64)
-    sp = sp[np.isfinite(sp)]
-    entry = np.array([r.residual_us for r in records], dtype=np.float64)
-    entry = entry[np.isfinite(entry)]
-    if world_size is None:
-        world_size = max((len(r.earliness_us) for r in records), default=0)
-    hist = [0] * world_size
-    for r in records:
-        if 0 <= r.straggler < world_size:
-            hist[r.straggler] += 1
-    out: dict[str, Any] = {
-        "steps": len(records),
-        "throughput": float(samples_per_step * 1e6 / st.mean()) if st.size else float("nan"),
-        "step_time_mean": _stat(st, np.mean),
-        "step_time_cv": float(st.std() / st.mean()) if st.size > 1 and st.mean() > 0 else float("nan"),
-        "step_time_p50": _stat(st, np.percentile, 50),
-        "step_time_p99": _stat(st, np.percentile, 99),
-        "step_time_max": _stat(st, np.max),
-        "spread_mean": _stat(sp, np.mean),
-        "spread_p99": _stat(sp, np.percentile, 99),
-        # What pacing acts on: the spread of entries into the collective, after the delays.
-        "entry_spread_mean": _stat(entry, np.mean),
-        "entry_spread_p99": _stat(entry, np.percentile, 99),
-        # Hysteresis on; the floors may still be rising: `delayed_fraction` is when delays ran.
-        "active_fraction": float(np.mean([r.active for r in records])) if records else 0.0,
-        "delayed_fraction": float(np.mean([bool(np.any(np.asarray(r.delay_us) > 0.0))
-                                           for r in records])) if records else 0.0,
-        "delay_mean": float(np.mean([np.sum(r.delay_us) for r in records]) / max(world_size, 1))
-        if records else 0.0,
-        "straggler_histogram": hist,
-        "units": "step times, spreads and delays in us; throughput in samples/s "
-        "(steps/s when samples_per_step is 1)",
-    }
-    return out
-
-
-def _stat(a: np.ndarray, fn, *args) -> float:
-    return float(fn(a, *args)) if a.size else float("nan")
 
 
 def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,

@@ -154,6 +154,9 @@ def test_world_size_one_has_nothing_to_pace():
         rec = pacer.step()
         assert rec is not None and rec.delay_us == [0.0] and np.isnan(rec.spread_us)
     assert pacer.summary()["steps"] == 5
+    printed = str(pacer.summary())  # what print(pacer.summary()) shows
+    assert printed.startswith("gpupace summary: 5 steps (world size 1, mode ")
+    assert "sites 1)" in printed and "step time p99 (ms)" in printed
 
 
 def _built_with(rank, world, changes):

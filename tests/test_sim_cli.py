@@ -9,7 +9,8 @@ import pytest
 
 from gpupace.cli import main
 from gpupace.sim import fit_telemetry, labelled_telemetry, presets, simulate, write_telemetry
-from gpupace.telemetry import read_telemetry, summarize
+from gpupace.summary import summarize
+from gpupace.telemetry import read_telemetry
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from gpupace import PaceConfig
+from gpupace.summary import summarize
 from gpupace.telemetry import (
     StepRecord,
     TelemetryWriter,
     first_measured_step,
     make_header,
     read_telemetry,
-    summarize,
 )
 
 
@@ -136,6 +136,13 @@ def test_summary_figures():
     assert out["throughput"] == pytest.approx(10 * 1e6 / 2000.0)
     assert out["step_time_cv"] == pytest.approx((2 / 3) ** 0.5 * 1000 / 2000)
     assert out["straggler_histogram"] == [2, 2]
+    # A plain dict (JSON as it is) that prints as a table in ms, naming the ranks most often last.
+    assert json.loads(json.dumps(out))["steps"] == 4
+    text = str(out).splitlines()
+    assert text[0] == "gpupace summary: 4 steps" and "throughput (samples/s)" in text[1]
+    assert any(line.startswith("step time mean (ms)") and line.endswith(" 2.00") for line in text)
+    assert text[-1] == "most often last: rank 0 (2 steps), rank 1 (2 steps)"
+    assert "throughput (steps/s)" in str(summarize(recs, world_size=2))
 
 
 def test_chunked_encoding_is_the_same_text():

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import summarize
+from ..summary import summarize
 from .compare import CHANGES, change, comparisons, fmt_change, pairs
 from .diagnose import LOST_DEFINITION, MIN_CONFIDENCE, Diagnosis, _clean, measured, scaling
 from .load import Run
