@@ -23,7 +23,7 @@ N_SITES = 4
 
 
 def repeats_for(world: int, quick: bool) -> int:
-    # A 4096-rank record is ~0.4 MB of JSON: fewer repeats keep the temporary file small.
+    # A 4096-rank record is ~0.14 MB of JSON: fewer repeats keep the temporary file small.
     if quick:
         return 20
     return 300 if world <= 64 else 150 if world <= 1024 else 60

@@ -42,6 +42,17 @@ def test_non_finite_values_are_written_as_null_and_read_back_as_nan(tmp_path):
     assert rec.wait_us[1] == 1.0
 
 
+def test_arrays_are_written_to_the_nanosecond(tmp_path):
+    """Times in us, written with 3 decimals (1 ns): half the encoding time and the file."""
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2))
+    w.write(record(0, earliness_us=np.array([123.4567891, np.nan])))
+    w.close()
+    assert '"earliness_us":[123.457,null]' in path.read_text()
+    got = read_telemetry(path).records[0].earliness_us
+    assert got[0] == 123.457 and np.isnan(got[1])
+
+
 def test_records_compare_by_value():
     a = record(1, wait_us=np.array([150.0, 100.0]))
     assert a == record(1) and a != record(1, wait_us=np.array([150.0, 99.0]))
