@@ -247,7 +247,7 @@ def test_closing_a_writer_with_a_long_queue_says_what_it_waits_for(tmp_path):
     assert len(read_telemetry(tmp_path / "t.jsonl").records) == 40
 
 
-def test_the_report_notes_records_the_writer_dropped(tmp_path):
+def test_the_report_notes_records_the_writer_dropped(tmp_path, capsys):
     from gpupace.report.load import load_runs
 
     path = tmp_path / "t.jsonl"
@@ -257,3 +257,7 @@ def test_the_report_notes_records_the_writer_dropped(tmp_path):
     w.close()
     (run,) = load_runs([path])
     assert any("dropped 5 records" in n for n in run.notes), run.notes
+    from gpupace.cli import main
+
+    assert main(["report", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    assert "  note: t.jsonl: the writer dropped 5 records" in capsys.readouterr().out

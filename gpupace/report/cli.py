@@ -2,8 +2,8 @@
 real job's, `gpupace demo`'s, the simulator's; several rank files of one run, or a baseline
 and a paced run), diagnoses each run and writes DIR/report.html with its PNG plots, and with
 `--json` DIR/findings.json. Progress goes to stderr; to stdout, a headline per run (who is late,
-the leading cause), its lost time and split, a line per paced-vs-baseline comparison, then the
-written paths."""
+the leading cause), its lost time and split, and the notes on what was read; a line per
+paced-vs-baseline comparison, then the written paths."""
 
 from __future__ import annotations
 
@@ -42,11 +42,13 @@ def run(args: argparse.Namespace) -> int:
     page = out / "report.html"
     page.write_text(render(runs, diags, plots, out), encoding="utf-8")
     doc = findings(runs, diags)
-    for d in diags:  # the answer first: who is late and why, then what it cost
+    for run_, d in zip(runs, diags, strict=True):  # who is late and why, then what it cost
         print(headline(d))
         if "lost_fraction" in d.summary:
             print(f"  {lost_line(d)}")
             print(f"  {split_line(d)}")
+        for note in run_.notes:  # which file was read, what the writer dropped or skipped
+            print(f"  note: {note}")
     for comp in doc["comparisons"]:
         print(cli_line(comp))
     print(f"({LOST_DEFINITION})")
