@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -215,7 +216,7 @@ class Pacer:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
 
     # -- steps ------------------------------------------------------------------------------
     def step(self) -> StepRecord | None:
@@ -323,3 +324,16 @@ class Pacer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _caller_level() -> int:
+    """The `stacklevel` that points a warning at the user's line: past the frames of gpupace
+    and of contextlib (a site is a context manager around a generator)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_code.co_filename == contextlib.__file__):
+        frame, level = frame.f_back, level + 1
+    return level

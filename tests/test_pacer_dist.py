@@ -319,17 +319,20 @@ def test_misuse_of_step_and_close_warns_once_each():
     collective) and stepping after close() each warn once, naming the fix; the names kept
     for a missing step() stay bounded."""
     pacer = Pacer(PaceConfig(warmup_steps=0, max_sites=2))
-    with pytest.warns(RuntimeWarning, match=r"8 paced collectives since the last pacer.step"):
+    with pytest.warns(RuntimeWarning, match=r"8 paced collectives since the last pacer.step") \
+            as seen:
         for _ in range(20):
             with pacer.site("grads"):
                 pass
+    assert seen[0].filename == __file__  # the user's line, not gpupace's or contextlib's
     pacer.step()
     assert pacer.site_names == ["grads", "grads"]  # at most max_sites names
     with pacer.site("grads"):
         pass
     pacer.step()
-    with pytest.warns(RuntimeWarning, match=r"saw no paced collective .* had 1\)"):
+    with pytest.warns(RuntimeWarning, match=r"saw no paced collective .* had 1\)") as seen:
         pacer.step()
+    assert seen[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # each misuse is told once, not every step
         for _ in range(2):
