@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,6 +31,7 @@ from .backends.host import HostEngine
 from .config import PaceConfig
 from .summary import Summary, summarize
 from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity
+from .warn import warn
 
 # Paced collectives without a step(), in units of `max_sites`, past which the pacer warns.
 MISSING_STEP_FACTOR = 4
@@ -72,9 +71,8 @@ class Pacer:
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
             why = device_backend_missing()
             hint = f"the device backend cannot run here: {why}" if why else "use backend='device'"
-            warnings.warn("gpupace: the host backend on an NCCL group stamps when collectives are "
-                          f"enqueued, not when they run on the GPU, so its spreads say little; {hint}",
-                          RuntimeWarning, stacklevel=2)
+            warn("gpupace: the host backend on an NCCL group stamps when collectives are "
+                 f"enqueued, not when they run on the GPU, so its spreads say little; {hint}")
         if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
             check_ranks_agree(self.config, self.backend, group, pg_backend, self.world_size)
         self.samples_per_step = samples_per_step
@@ -216,7 +214,7 @@ class Pacer:
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=_caller_level())
+            warn(message)
 
     # -- steps ------------------------------------------------------------------------------
     def step(self) -> StepRecord | None:
@@ -268,8 +266,8 @@ class Pacer:
         """Telemetry is a side channel: a file that cannot be written must not end a training
         run (on every rank, as the others then fail in their next collective). Warns, keeps
         what was written, and goes on without the file."""
-        warnings.warn(f"gpupace: telemetry file {self.config.telemetry_path!r} failed, "
-                      f"training goes on without it: {error}", RuntimeWarning, stacklevel=3)
+        warn(f"gpupace: telemetry file {self.config.telemetry_path!r} failed, "
+             f"training goes on without it: {error}")
         writer, self._writer = self._writer, None
         if writer is not None:
             with contextlib.suppress(OSError, RuntimeError):
@@ -324,16 +322,3 @@ class Pacer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _caller_level() -> int:
-    """The `stacklevel` that points a warning at the user's line: past the frames of gpupace
-    and of contextlib (a site is a context manager around a generator)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
-                                 or frame.f_code.co_filename == contextlib.__file__):
-        frame, level = frame.f_back, level + 1
-    return level

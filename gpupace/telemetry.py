@@ -20,7 +20,6 @@ import queue
 import socket
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+
+from .warn import warn
 
 if TYPE_CHECKING:
     from .policy import StepStats
@@ -245,13 +246,12 @@ class TelemetryWriter:
             self._queue.put(record)
             if not self._warned_behind and behind > BACKLOG_WARN_MB:
                 self._warned_behind = True
-                warnings.warn(
+                warn(
                     f"gpupace: the telemetry writer is {self._queue.qsize()} records behind "
                     f"({self.path}): steps come faster than it encodes them ("
                     f"{len(record.earliness_us)} ranks). Past {BACKLOG_LIMIT_MB} MB queued it "
                     f"drops records and counts them in the file; set telemetry_every "
-                    f"(GPUPACE_TELEMETRY_EVERY) to write one step in 10 or 100.",
-                    RuntimeWarning, stacklevel=3)
+                    f"(GPUPACE_TELEMETRY_EVERY) to write one step in 10 or 100.")
         else:
             self._write(record)
 
@@ -292,8 +292,8 @@ class TelemetryWriter:
     def close(self) -> None:
         if self._thread is not None:
             if self._queue.qsize() * self._record_mb > CLOSE_NOTICE_MB:
-                warnings.warn(f"gpupace: writing the {self._queue.qsize()} telemetry records "
-                              f"still queued to {self.path}", RuntimeWarning, stacklevel=2)
+                warn(f"gpupace: writing the {self._queue.qsize()} telemetry records "
+                     f"still queued to {self.path}")
             self._queue.put(None)  # after every queued record
             self._thread.join()
             self._thread = None
@@ -304,9 +304,9 @@ class TelemetryWriter:
                 self._file.close()
                 self._file = None
         if self.dropped > self._dropped_told:  # dropped after the last record written
-            warnings.warn(f"gpupace: the telemetry writer dropped the last "
-                          f"{self.dropped - self._dropped_told} records of {self.path}, falling "
-                          f"behind the steps", RuntimeWarning, stacklevel=2)
+            warn(f"gpupace: the telemetry writer dropped the last "
+                 f"{self.dropped - self._dropped_told} records of {self.path}, falling "
+                 f"behind the steps")
             self._dropped_told = self.dropped
         self._raise_failure()
 

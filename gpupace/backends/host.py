@@ -14,7 +14,6 @@ import contextlib
 import logging
 import math
 import time
-import warnings
 from collections.abc import Iterator
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record
+from ..warn import warn
 from . import gather_rows
 
 log = logging.getLogger(__name__)
@@ -168,10 +168,10 @@ class HostEngine:
             # Ranks disagree on the sites of this step (or there were none): nothing to
             # compare; no delays until they agree again.
             if counts.max() != n and not self._warned_disagree:
-                warnings.warn(f"gpupace: ranks passed different numbers of paced sites in step "
-                              f"{step} ({int(n)} to {int(counts.max())}); every rank must pace "
-                              f"the same collectives in the same order. No delays until they "
-                              f"agree.", RuntimeWarning, stacklevel=3)
+                warn(f"gpupace: ranks passed different numbers of paced sites in step "
+                     f"{step} ({int(n)} to {int(counts.max())}); every rank must pace "
+                     f"the same collectives in the same order. No delays until they "
+                     f"agree.")
                 self._warned_disagree = True
             self._next_delay[:] = 0.0
             return None
