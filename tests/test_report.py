@@ -323,7 +323,7 @@ def test_lateness_is_behind_the_median_rank_or_the_earliest_of_two():
     """One rule for the locality offsets, the steps that paid them and the heatmap: behind the
     median rank, behind the earliest at 2 ranks (the median would halve the offset); a NaN
     earliness is left out of the reference, not spread over its step."""
-    from gpupace.report.diagnose import lateness
+    from gpupace.report.ranks import lateness
 
     e = np.array([[900.0, 500.0, 0.0], [800.0, 400.0, 100.0]])
     np.testing.assert_array_equal(lateness(e), [[-400.0, 0.0, 500.0], [-400.0, 0.0, 300.0]])

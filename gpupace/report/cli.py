@@ -16,7 +16,7 @@ from .diagnose import LOST_DEFINITION, diagnose
 from .html import findings, render
 from .load import load_runs, stderr_progress
 from .plots import make_all
-from .text import headline, lost_line, split_line
+from .text import cost_line, headline, lost_line, split_line
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     doc = findings(runs, diags)
     for run_, d in zip(runs, diags, strict=True):  # who is late and why, then what it cost
         print(headline(d))
+        if d.summary.get("late_cost"):
+            print(f"  {cost_line(d)}")
         if "lost_fraction" in d.summary:
             print(f"  {lost_line(d)}")
             print(f"  {split_line(d)}")

@@ -47,6 +47,7 @@ import numpy as np
 
 from .advice import action
 from .load import Run
+from .ranks import late_rank, lateness, locality_offsets, measured, rank_costs
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
@@ -56,7 +57,6 @@ MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth n
 # as unattributed. 0.3 is the verdict threshold ("possible"), so that every mode with a
 # share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
-CLEAR_LAST = 0.01  # a step's last rank counts when the spread is above this x the median step
 LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
                    "5th-percentile step less the steady lateness of a persistently late rank), "
                    "summed, as a share of the total measured step time")
@@ -109,39 +109,6 @@ def _clean(obj: Any) -> Any:
 def _p(a: np.ndarray, q: float) -> float:
     a = a[np.isfinite(a)]
     return float(np.percentile(a, q)) if a.size else 0.0
-
-
-def lateness(e: np.ndarray) -> np.ndarray:
-    """Each rank's lateness behind the median rank at each step, [steps, N] (us), from the
-    earliness [steps, N]. With 2 ranks the median is the mean and would halve an offset: the
-    earliest rank is the reference then. NaN-aware only when `e` holds NaN: np.nanmedian
-    costs several times np.median on a long run."""
-    clean = np.isfinite(e).all()
-    if e.shape[1] > 2:
-        ref = (np.median if clean else np.nanmedian)(e, axis=1, keepdims=True)
-    else:
-        ref = (np.max if clean else np.nanmax)(e, axis=1, keepdims=True)
-    return ref - e
-
-
-def locality_offsets(run: Run, rows: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Per rank: steady lateness behind the median rank (median over steps, us), the fraction
-    of steps it is late by at least half of that, and the noise of lateness (us, robust).
-    `rows`: a boolean mask of the steps to use (default: all)."""
-    e = run.earliness
-    n = e.shape[1]
-    ok = np.isfinite(e).all(axis=1)
-    if rows is not None:
-        ok &= rows
-    e = e[ok]
-    if e.shape[0] == 0 or n < 2:
-        return np.zeros(n), np.zeros(n), 0.0
-    late = lateness(e)
-    offset = np.median(late, axis=0)
-    consistency = np.mean(late >= 0.5 * offset[None, :], axis=0)
-    noise = float(np.median(np.median(np.abs(late - offset[None, :]), axis=0))) * 1.4826
-    return offset, consistency, noise
 
 
 def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, float]]:
@@ -255,48 +222,6 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def measured(run: Run) -> np.ndarray:
-    """The steps every figure and count of the report uses: past the warm-up, with a step
-    time (the first step has none)."""
-    st = run.step_time
-    return np.isfinite(st) & (st > 0) & (run.step >= run.warmup_steps)
-
-
-def clear_last(run: Run) -> np.ndarray:
-    """Measured steps whose last arrival is known and means something: the spread is above
-    CLEAR_LAST of the median step (with no spread the 'last' rank is an arbitrary tie)."""
-    ok = measured(run)
-    st = run.step_time[ok]
-    thr = CLEAR_LAST * float(np.median(st)) if st.size else 0.0
-    return ok & (run.straggler >= 0) & (run.straggler < run.world_size) \
-        & (np.nan_to_num(run.spread) > thr)
-
-
-def last_counts(run: Run) -> np.ndarray:
-    """[world size]: how often each rank arrived last, over the measured steps with a clear
-    last rank (`clear_last`)."""
-    return np.bincount(run.straggler[clear_last(run)], minlength=run.world_size)[:run.world_size]
-
-
-def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | None:
-    """The rank most often last: how often (of the measured steps with a clear last rank) and
-    by how much (its median lateness behind the median rank). `persistent` when it is last
-    at least halfway between chance and always: (1 + 1/N) / 2 of them, 75% at 2 ranks, just
-    over half at many (twice chance, the rule before, asked 100% of 2 ranks). None when no
-    step has a clear last."""
-    hist = last_counts(run)
-    if not hist.any():
-        return None
-    r = int(np.argmax(hist))
-    frac = float(hist[r] / hist.sum())
-    if offset is None:
-        offset = locality_offsets(run, measured(run))[0]
-    behind = float(offset[r]) if r < offset.size else float("nan")
-    return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
-            "steps_with_clear_last": int(hist.sum()), "behind_median_us": behind,
-            "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0)}
-
-
 def diagnose(run: Run) -> Diagnosis:
     """The diagnosis of one run. Never raises on odd data: too little of it gives
     "not enough evidence" everywhere, with the reason in the summary."""
@@ -333,6 +258,7 @@ def _diagnose(run: Run) -> Diagnosis:
     loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
 
     summary["late_rank"] = late_rank(run, offset)
+    summary["late_cost"] = rank_costs(run)
 
     # -- ideal and lost time. The steps that paid the steady offset: those in which the
     # locality rank was late by at least half of it (all steps when there is none). The 5th

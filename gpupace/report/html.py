@@ -21,7 +21,7 @@ from ..summary import summarize
 from .compare import CHANGES, change, comparisons, fmt_change, pairs
 from .diagnose import LOST_DEFINITION, MIN_CONFIDENCE, Diagnosis, _clean, measured, scaling
 from .load import Run
-from .text import headline, lost_line, split_line
+from .text import cost_line, headline, lost_line, split_line
 
 SUMMARY_ROWS = (  # key, label, scale, format
     ("steps", "steps read", 1, "{:.0f}"),
@@ -190,6 +190,8 @@ def _diagnosis_html(run: Run, d: Diagnosis) -> str:
     esc = html.escape
     s = d.summary
     head = f"<h3>{esc(run.label)}</h3><p><b>{esc(headline(d))}</b></p>"
+    if s.get("late_cost"):
+        head += f"<p>{esc(cost_line(d)).capitalize()}.</p>"
     if "lost_fraction" in s:
         head += f"<p>{esc(lost_line(d))}.<br>{esc(split_line(d))}.</p>"
     if s.get("note"):

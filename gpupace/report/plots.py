@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from .compare import pairs
-from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis, last_counts, lateness, measured
+from .diagnose import MIN_CONFIDENCE, MODES, Diagnosis
 from .load import Run
+from .ranks import cost_per_rank, last_counts, lateness, measured
 
 MAX_POINTS = 1500
 MAX_HEAT_STEPS = 600
@@ -206,28 +207,35 @@ def straggler_counts(run: Run) -> tuple[np.ndarray, int, int]:
 
 
 def stragglers(runs: Sequence[Run], out: Path) -> str:
-    """How often each rank arrived last, over the measured steps whose spread is above 1% of
-    the median step (with no spread the 'last' rank is an arbitrary tie)."""
+    """Per rank: how often it arrived last, over the measured steps whose spread is above 1%
+    of the median step (with no spread the 'last' rank is an arbitrary tie), and what its
+    lateness cost a step (`ranks.cost_per_rank`: its lead as the last rank over the next-latest,
+    per measured step)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, (ax, ax_cost) = plt.subplots(2, 1, figsize=(9, 5.6), sharex=True)
     width = 0.8 / max(len(runs), 1)
     world = max(r.world_size for r in runs)
     for i, run in enumerate(runs):
         hist, k, n = straggler_counts(run)
         hist = np.pad(hist, (0, world - hist.size))
+        cost = np.pad(cost_per_rank(run)[0], (0, world - run.world_size)) / 1e3  # ms a step
         steps = f"{n} measured steps" if k == n else f"{k} of {n} measured steps"
         style = dict(color=COLORS[i % len(COLORS)], label=f"{run.label} ({steps})")
-        if world <= MAX_BARS:
-            ax.bar(np.arange(world) + (i - (len(runs) - 1) / 2) * width, hist, width=width,
-                   **style)
-        else:  # one outline a run, not a bar a rank (4096 bars took 7 s to draw)
-            ax.stairs(hist, np.arange(world + 1) - 0.5, lw=0.8, **style)
-    ax.set_xlabel("rank")
+        for a, values in ((ax, hist), (ax_cost, cost)):
+            if world <= MAX_BARS:
+                a.bar(np.arange(world) + (i - (len(runs) - 1) / 2) * width, values,
+                      width=width, **style)
+            else:  # one outline a run, not a bar a rank (4096 bars took 7 s to draw)
+                a.stairs(values, np.arange(world + 1) - 0.5, lw=0.8, **style)
     ax.set_ylabel("steps it arrived last")
-    ax.set_title("Straggler histogram")
+    ax.set_title("Straggler histogram, and what each rank's lateness cost")
+    ax_cost.set_ylabel("ms a step")
+    ax_cost.set_xlabel("rank (cost: its lead as the last rank over the next-latest, "
+                       "per measured step)")
     if world <= 32:
-        ax.set_xticks(range(world))
-    ax.grid(alpha=0.3, axis="y")
+        ax_cost.set_xticks(range(world))
+    for a in (ax, ax_cost):
+        a.grid(alpha=0.3, axis="y")
     ax.legend(loc="best", fontsize=8)
     return _save(fig, out, "stragglers.png")
 
@@ -331,7 +339,8 @@ def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
                      "red row is a locality rank; scattered red is random stragglers."))
     jobs += [
         (lambda: stragglers(runs, out), "How often each rank arrived last, over the measured "
-         "steps."),
+         "steps, and what its lateness cost: its lead as the last rank over the next-latest, "
+         "per measured step."),
         (lambda: pacing(runs, out), "Delays applied to early ranks, and when pacing was on."),
     ]
     made = []

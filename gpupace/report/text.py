@@ -1,6 +1,6 @@
 """The diagnosis in words, for the CLI, the page and findings.json: a headline per run (who
-is late, how often, by how much, and the leading cause with its confidence), the lost time
-with its definition, and where the lost time went."""
+is late, how often, by how much, and the leading cause with its confidence), what the late
+ranks cost a step, the lost time with its definition, and where the lost time went."""
 
 from __future__ import annotations
 
@@ -46,6 +46,19 @@ def headline(d: Diagnosis) -> str:
     else:
         cause = f"no single cause with enough evidence (confidence >= {MIN_CONFIDENCE})"
     return f"{label}: {who}; {cause}"
+
+
+def cost_line(d: Diagnosis) -> str:
+    """What the last arrivals cost a step, and the ranks that cost most (`ranks.rank_costs`)."""
+    c = d.summary.get("late_cost")
+    if not c:
+        return ""
+    ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
+                      f"(last in {100 * r['last_fraction']:.0f}%)" for r in c["ranks"][:3])
+    by = f": {ranks}" if ranks else ""
+    return (f"the last rank held each step up by {c['lead_us_per_step'] / 1e3:.2f} ms on "
+            f"average over the next-latest ({100 * c['share_of_step']:.1f}% of the mean "
+            f"step){by}")
 
 
 def lost_line(d: Diagnosis) -> str:
