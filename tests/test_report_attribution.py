@@ -111,6 +111,21 @@ def test_one_persistent_late_rank_is_attributed_to_locality(demo_like):
     assert late["last_fraction"] == pytest.approx(0.91, abs=0.08)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_late_in_every_step_of_a_short_run_is_likely_locality(tmp_path, seed):
+    """30 measured steps, as in one phase of `gpupace demo`, with rank 3 late in all of them:
+    the evidence is clear (a binomial z of 5.5 against a rank with no offset), whatever the
+    step count says about the other modes."""
+    path = write_run(tmp_path / "short.jsonl", label="short", steps=WARMUP + 30,
+                     late_fraction=1.0, seed=seed)
+    d = diagnose(load_runs([path])[0])
+    loc = _mode(d, "locality")
+    assert loc.ranks == [3] and loc.verdict == "likely", (loc.confidence, loc.evidence)
+    assert loc.evidence["late_steps_z"] == pytest.approx(30 ** 0.5)
+    assert headline(d).startswith("short: rank 3 last in 100% of steps")
+    assert "leading cause locality" in headline(d)
+
+
 def test_lost_time_is_a_share_of_the_measured_time(demo_like):
     run = load_runs([demo_like])[0]
     s = diagnose(run).summary

@@ -26,7 +26,8 @@ count of the report):
     levels (a communication-bound regime switching on and off), which is runtime_jitter.
 - Confidence = signature strength (late rank rotating; steady offset; transfer varying,
   correlated in time, independent of arrivals; heavy tail or regimes) x enough steps
-  (sqrt(steps / 200): a signature's standard error shrinks as the square root of the steps)
+  (sqrt(steps / 200): a signature's standard error shrinks as the square root of the steps;
+  for locality, the binomial z of its rank's late steps against one half, over 5)
   x a share worth naming. Below MIN_CONFIDENCE (0.3), or under 0.5% of the time lost, the
   verdict is "not enough evidence" and the mode's time goes to "unattributed": the split
   above only says where the time would go if the mode were real (`candidate_share`), and a
@@ -52,6 +53,7 @@ from .ranks import late_rank, lateness, locality_offsets, measured, rank_costs
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
 FULL_STEPS = 200  # steps for full confidence
+CLEAR_Z = 5.0  # locality's late-step z for full confidence (below, instead of FULL_STEPS)
 MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth naming
 # Attribution threshold: a mode below it is "not enough evidence" and its time is counted
 # as unattributed. 0.3 is the verdict threshold ("possible"), so that every mode with a
@@ -340,9 +342,14 @@ def _diagnose(run: Run) -> Diagnosis:
     loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
     if loc_ranks:
         loc_sig *= min(1.0, offset[loc_ranks[0]] / (3.0 * floor))
+    # Enough steps for locality: how far the top rank's share of late steps stands from the
+    # half that a rank with no offset gets (a binomial z). A rank late in 30 of 30 steps is
+    # as clear as one late in 70% of 150; sqrt(steps / 200) called the first "possible".
+    loc_z = (2.0 * float(consistency[loc_ranks[0]]) - 1.0) * math.sqrt(n) if loc_ranks else 0.0
     loc_ev = {"offset_us": {str(r): float(offset[r]) for r in loc_ranks[:16]},
               "late_in_fraction_of_steps": {str(r): float(consistency[r]) for r in loc_ranks[:16]},
-              "lateness_noise_us": noise, "locality_ranks": len(loc_ranks)}
+              "lateness_noise_us": noise, "locality_ranks": len(loc_ranks),
+              "late_steps_z": loc_z}
     g = run.gpus_per_node
     if g and loc_ranks:  # the same local GPUs in every node point at the node's layout
         loc_ev["local_gpus"] = sorted({r % g for r in loc_ranks})
@@ -375,10 +382,10 @@ def _diagnose(run: Run) -> Diagnosis:
               "regime_separation": reg_info["separation"],
               "spike_part_of_jitter": spike_share}
 
-    sigs = {"sync_amplification": (amp_sig, amp_ev, amp_ranks),
-            "locality": (loc_sig, loc_ev, loc_ranks),
-            "fabric_contention": (fab_sig, fab_ev, []),
-            "runtime_jitter": (jit_sig, jit_ev, jit_ranks)}
+    sigs = {"sync_amplification": (amp_sig, size, amp_ev, amp_ranks),
+            "locality": (loc_sig, min(1.0, loc_z / CLEAR_Z), loc_ev, loc_ranks),
+            "fabric_contention": (fab_sig, size, fab_ev, []),
+            "runtime_jitter": (jit_sig, size, jit_ev, jit_ranks)}
     worth = summary["lost_fraction"] >= MIN_LOST
     if not worth:
         summary["note"] = (f"lost {100 * summary['lost_fraction']:.2f}% of the measured time "
@@ -386,10 +393,10 @@ def _diagnose(run: Run) -> Diagnosis:
     findings = []
     low_confidence = 0.0
     for mode in MODES:
-        sig, ev, ranks = sigs[mode]
+        sig, enough, ev, ranks = sigs[mode]
         candidate = lost[mode] / lost_total if lost_total > 0 else 0.0
         ev = dict(ev, candidate_lost_us_per_step=lost[mode] / n)
-        conf = float(np.clip(sig, 0, 1) * size * min(1.0, candidate / 0.1)) if worth else 0.0
+        conf = float(np.clip(sig, 0, 1) * enough * min(1.0, candidate / 0.1)) if worth else 0.0
         verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
                    else "not enough evidence")
         attributed = lost[mode] if verdict != "not enough evidence" else 0.0
