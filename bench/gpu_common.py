@@ -36,6 +36,12 @@ def missing(*needs: str) -> str | None:
         if need == "cuda":
             if not torch.cuda.is_available():
                 return "no CUDA device (torch.cuda.is_available() is False)"
+        elif need == "cupy":  # imports without NVRTC, which the reduction compiles with
+            from gpupace.backends import cupy_missing
+
+            why = cupy_missing()
+            if why:
+                return why
         elif need == "nccl":
             import torch.distributed as dist
 

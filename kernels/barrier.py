@@ -33,7 +33,10 @@ def _barrier_kernel(count_ptr, target, timeout_ns, max_polls, flag_ptr, clk_ptr,
         t = now(t, fake_tick, USE_CLOCK)
         i += 1
     if seen < target:
-        tl.atomic_max(flag_ptr, 1)
+        # A plain store: every writer writes the same 1. A scalar atomic puts a CTA-wide
+        # bar.sync around it (seen in the PTX, 16 warps), and warps whose last polls differ
+        # would not all reach it.
+        tl.store(flag_ptr, 1)
 
 
 def barrier(count: torch.Tensor, target: int, flag: torch.Tensor, clk: torch.Tensor, *,

@@ -52,8 +52,33 @@ def test_forced_device_names_the_missing_package_and_extra(fake_cuda, missing):
     assert Pacer._pick_backend("auto", "nccl") == "host"  # auto falls back quietly
 
 
+def _stand_in_cupy(patch, nvrtc_version) -> None:
+    """A stand-in cupy whose NVRTC loader returns its version, or raises as cupy 14.2 does
+    without libnvrtc (a RuntimeError from its library finder)."""
+    def get_version():
+        if nvrtc_version is None:
+            raise RuntimeError('Failure finding "libnvrtc.so.13 or libnvrtc.so.12"\n')
+        return nvrtc_version
+
+    libs = type(sys)("cupy_backends.cuda.libs")
+    libs.nvrtc = type(sys)("nvrtc")
+    libs.nvrtc.getVersion = get_version
+    patch.setitem(sys.modules, "cupy", type(sys)("cupy"))
+    patch.setitem(sys.modules, "cupy_backends.cuda.libs", libs)
+
+
+def test_cupy_without_nvrtc_is_named_and_auto_falls_back(fake_cuda):
+    _stand_in_cupy(fake_cuda, None)
+    why = device_backend_missing()
+    assert why.startswith("cupy cannot load NVRTC, which its reduction compiles with "
+                          '(Failure finding "libnvrtc.so.13 or libnvrtc.so.12"); install'), why
+    assert Pacer._pick_backend("auto", "nccl") == "host"
+    with pytest.raises(RuntimeError, match="cupy cannot load NVRTC"):
+        Pacer._pick_backend("device", "nccl")
+
+
 def test_auto_picks_device_for_nccl_groups_when_it_can_run(fake_cuda):
-    fake_cuda.setitem(sys.modules, "cupy", type(sys)("cupy"))  # a stand-in module
+    _stand_in_cupy(fake_cuda, (12, 8))
     assert device_backend_missing() is None
     assert Pacer._pick_backend("auto", "nccl") == "device"
     assert Pacer._pick_backend("auto", "gloo") == "host"

@@ -14,12 +14,33 @@ def device_backend_missing() -> str | None:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "CUDA is not available (torch.cuda.is_available() is False)"
-    for mod in ("triton", "cupy"):
-        try:
-            __import__(mod)
-        except ImportError:
-            return (f"{mod} is not installed: pip install 'gpupace[cuda12]' "
-                    f"(or 'gpupace[cuda13]' for CUDA 13)")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return ("triton is not installed: pip install 'gpupace[cuda12]' "
+                "(or 'gpupace[cuda13]' for CUDA 13)")
+    return cupy_missing()
+
+
+def cupy_missing() -> str | None:
+    """Why the CuPy reduction cannot run here, or None. cupy imports without NVRTC (seen:
+    cupy 14.2 with no libnvrtc), and the reduction compiles with it: without this check the
+    device backend would be picked and fail at its first step."""
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return ("cupy is not installed: pip install 'gpupace[cuda12]' "
+                "(or 'gpupace[cuda13]' for CUDA 13)")
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError:  # another layout of cupy: its first compile will tell
+        return None
+    try:
+        nvrtc.getVersion()
+    except Exception as e:  # noqa: BLE001 - cupy raises its loader's errors
+        error = " ".join(str(e).split())  # cupy's loader ends its message with a newline
+        return (f"cupy cannot load NVRTC, which its reduction compiles with ({error}); install "
+                "the CUDA toolkit's NVRTC (from PyPI: nvidia-cuda-nvrtc-cu12 for CUDA 12)")
     return None
 
 

@@ -13,6 +13,8 @@ import tempfile
 import pytest
 import torch
 
+from gpupace.backends import cupy_missing
+
 
 def _missing(mod: str) -> str | None:
     try:
@@ -29,7 +31,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     why = "needs CUDA" if not torch.cuda.is_available() else _missing("triton")
-    why_cupy = why or _missing("cupy")
+    why_cupy = why or cupy_missing()
     here = os.path.dirname(__file__)
     for item in items:
         if str(item.fspath).startswith(here):

@@ -1,5 +1,5 @@
 """On a GPU: the device backend end to end. Zero host syncs per step, a single-rank NCCL
-all_reduce paced inside a CUDA graph, capture once and replay 200 times with injected skew
+all_reduce paced inside a CUDA graph, the exchange's all_gather eager and captured, capture once and replay 200 times with injected skew
 while the delays adapt. The capture without warm-up is in test_zz_capture_error.py, last,
 as a failed capture is not something to run other tests after. Skipped without CUDA."""
 
@@ -94,6 +94,30 @@ def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
     assert int(eng.state["counter"][0].item()) == before + 50  # the device step counter moved
     recs = eng.drain()
     assert len(recs) >= 40 and np.isfinite([r.step_time_us for r in recs[-10:]]).all()
+
+
+def test_gather_rows_on_nccl_eager_and_inside_a_graph(nccl_group):
+    """The device backend's exchange as a multi-rank job runs it: all_gather_single into a
+    preallocated [N, W] float32 buffer. At world size 1 the backend copies instead, so no other
+    GPU test reaches this call."""
+    from gpupace.backends import gather_rows
+
+    row = torch.zeros(10, dtype=torch.float32, device="cuda")
+    out = torch.full((1, 10), -1.0, dtype=torch.float32, device="cuda")
+    row.copy_(torch.arange(10, dtype=torch.float32))
+    gather_rows(out, row, nccl_group)
+    torch.cuda.synchronize()
+    assert out[0].tolist() == list(range(10))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        gather_rows(out, row, nccl_group)
+    for k in range(3):  # a replay gathers what the row holds then
+        row.fill_(float(k))
+        g.replay()
+        torch.cuda.synchronize()
+        assert out[0].tolist() == [float(k)] * 10
 
 
 def test_capture_once_replay_200_with_skew_delays_adapt(figures):
