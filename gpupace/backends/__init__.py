@@ -40,7 +40,8 @@ def cupy_missing() -> str | None:
     except Exception as e:  # noqa: BLE001 - cupy raises its loader's errors
         error = " ".join(str(e).split())  # cupy's loader ends its message with a newline
         return (f"cupy cannot load NVRTC, which its reduction compiles with ({error}); install "
-                "the CUDA toolkit's NVRTC (from PyPI: nvidia-cuda-nvrtc-cu12 for CUDA 12)")
+                "the CUDA toolkit's NVRTC (from PyPI: nvidia-cuda-nvrtc-cu12 for CUDA 12, "
+                "nvidia-cuda-nvrtc for CUDA 13)")
     return None
 
 
