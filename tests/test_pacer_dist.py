@@ -22,7 +22,7 @@ def _paced_equals_plain(rank, world):
     # of ms), which would inflate the earliness variance the delays are bounded by.
     pacer = Pacer(PaceConfig(mode="pace", warmup_steps=2, on_steps=1, holdoff_factor=0.0,
                              threshold_us=50.0, release_us=10.0))
-    out, first_site_delays = [], []
+    out, first_site_delays, waits = [], [], []
     for k in range(12):
         time.sleep(0.02 if rank == world - 1 else 0.0)  # a persistent straggler
         x = torch.arange(1000, dtype=torch.float64) * (rank + 1) + k
@@ -35,14 +35,16 @@ def _paced_equals_plain(rank, world):
         dist.all_reduce(plain)
         out.append((torch.equal(plain, paced), torch.equal(plain, in_site),
                     torch.equal(y, torch.arange(1000, dtype=torch.float64) * world + k)))
-        pacer.step()
+        rec = pacer.step()
+        # This rank's wait inside its collectives, and the delay it applied before them.
+        waits.append((float(rec.wait_us[rank]), float(rec.delay_us[rank])) if rec else None)
         first_site_delays.append(pacer.next_delays_us[0] if pacer.next_delays_us.size else 0.0)
-    return out, pacer.summary(), first_site_delays, pacer.site_names
+    return out, pacer.summary(), first_site_delays, pacer.site_names, waits
 
 
 def test_paced_collectives_give_the_same_numbers_and_delay_early_ranks():
     results = run_ranks(_paced_equals_plain, 3)
-    for rank, (checks, summary, _, names) in enumerate(results):
+    for rank, (checks, summary, _, names, _) in enumerate(results):
         assert all(all(c) for c in checks), f"rank {rank}: paced result differs"
         assert summary["world_size"] == 3 and summary["sites"] == 3
         assert names == ["all_reduce", "explicit", "all_reduce"]
@@ -52,6 +54,15 @@ def test_paced_collectives_give_the_same_numbers_and_delay_early_ranks():
     for early in (0, 1):
         assert np.median(results[early][2][4:]) > 1000, results[early][2]
     assert not any(results[2][2]), results[2][2]
+    # The delays are waited out before the collective, not only recorded: an early rank's wait
+    # inside its collectives shrinks by about its delay (steps 1-2 had none; step 0 carries
+    # the start-up skew).
+    for early in (0, 1):
+        waits = results[early][4]
+        before = np.median([w for w, _ in waits[1:3]])
+        paced = [(w, d) for w, d in waits[4:] if d > 1000.0]
+        assert len(paced) >= 4, waits
+        assert np.median([w for w, _ in paced]) < before - 0.5 * np.median([d for _, d in paced]), waits
 
 
 def _estimator_vs_truth(rank, world, steps):

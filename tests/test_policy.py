@@ -395,11 +395,27 @@ def test_host_engine_applies_its_delay_as_a_deadline():
     for step in range(41):
         time.sleep(0.021 if step == 40 else 0.001)  # the step's compute
         eng._next_delay[0] = 30_000.0 if step == 40 else 0.0
+        t0 = time.perf_counter_ns()
         ticket = eng.arrive()
+        waited = (time.perf_counter_ns() - t0) * 1e-3
         applied = eng.delay_us[0]
         eng.exit(ticket)
         eng.end_step(step, 0.0)
     assert 3_000.0 < applied < 18_000.0, applied
+    assert waited >= applied, (waited, applied)  # waited out, not only recorded
+
+
+@pytest.mark.parametrize("delay_us", [0.0, 150.0, 5_000.0])
+def test_sleep_then_spin_waits_at_least_the_delay_and_says_how_long(delay_us):
+    """150 us is spun alone (under SPIN_TAIL_US); 5 ms sleeps first, then spins the tail."""
+    from gpupace.backends.host import sleep_then_spin
+
+    t0 = time.perf_counter_ns()
+    applied = sleep_then_spin(delay_us)
+    waited = (time.perf_counter_ns() - t0) * 1e-3
+    assert delay_us <= applied <= waited, (delay_us, applied, waited)
+    if delay_us == 0.0:
+        assert applied == 0.0
 
 
 def test_one_rank_update_gives_that_rank_the_full_updates_delays():
