@@ -5,7 +5,9 @@ Five variants run interleaved in one loop (order rotated every repeat, a barrier
 timed call, so noise hits all of them alike and repeat i of each is a fair pair):
   plain   `dist.all_reduce`
   paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping)
-  step    that pacer's `step()`, once per paced call: one site per step, the worst case
+  step    `step()` of a pacer whose one paced call runs untimed just before it: one site
+          per step, the worst case (its own pacer: with the order rotated, the paced
+          variant's calls do not always fall between two of its steps)
   paced8  a second pacer's `all_reduce`, with `step()` after every 8th call (a step of 8
           buckets), timed together, so the exchange is amortised as in a DDP step
   exchange  a plain all_gather of a timing row (what step() sends), so that step - exchange
@@ -46,19 +48,20 @@ def human(nbytes: int) -> str:
     return f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
 
 
-def _variants(t, rank: int, delays: dict[str, list[float]]) -> dict:
-    """The four timed callables for one message size, each pacer fresh."""
+def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict]:
+    """The five timed callables for one message size, each pacer fresh, and what runs untimed
+    before the step variant's calls (its paced collective)."""
     import torch
     import torch.distributed as dist
 
     import gpupace
 
     cfg = gpupace.PaceConfig(mode="pace")
-    paced, paced8 = gpupace.Pacer(cfg), gpupace.Pacer(cfg)
+    paced, stepped, paced8 = gpupace.Pacer(cfg), gpupace.Pacer(cfg), gpupace.Pacer(cfg)
     calls8 = 0
 
     def step1() -> None:
-        rec = paced.step()
+        rec = stepped.step()
         if rec is not None:
             delays["paced"].append(rec.delay_us[rank])
 
@@ -75,13 +78,14 @@ def _variants(t, rank: int, delays: dict[str, list[float]]) -> dict:
     # so that step - exchange is the host work of a step (policy update, record).
     row = torch.zeros(2 + 2 * cfg.max_sites, dtype=torch.float64)
     gathered = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
-    return {
+    fns = {
         "plain": lambda: dist.all_reduce(t),
         "paced": lambda: paced.all_reduce(t),
         "step": step1,
         "paced8": run8,
         "exchange": lambda: dist.all_gather(gathered, row),
     }
+    return fns, {"step": lambda: stepped.all_reduce(t)}
 
 
 def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
@@ -95,11 +99,13 @@ def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
         delays: dict[str, list[float]] = {"paced": [], "paced8": []}
         # Full runs warm up one whole window, so paced8's steps fall on the same repeats each size;
         # a barrier before every timed call, so each starts with both ranks aligned.
+        fns, untimed = _variants(t, rank, delays)
         samples = interleave(
-            _variants(t, rank, delays),
+            fns,
             warmup=2 if quick else WINDOW,
             repeats=repeats_for(nbytes, quick),
             before=dist.barrier,
+            prepare=untimed,
         )
         out[nbytes] = {
             "samples": samples,
