@@ -128,3 +128,28 @@ def test_missing_names_what_is_missing():
     assert missing("numpy", "gpupace.pacer:Pacer.all_reduce") is None
     assert "no_such_module_xyz" in missing("no_such_module_xyz")
     assert "Pacer.no_such_api" in missing("gpupace.pacer:Pacer.no_such_api")
+
+
+def test_oracle_gap_takes_every_bucket_but_its_last_arrival():
+    from bench.sim_oracle_gap import early_ranks
+
+    wait = np.array([[[5.0, 0.0], [0.0, 2.0], [3.0, 4.0]]])  # [1 step, 3 ranks, 2 sites]
+    delay = np.zeros_like(wait)
+    delay[0, 1, 1] = 9.0  # rank 1 was delayed at site 1: it arrived early, not last
+    w, d = early_ranks(wait, delay)
+    np.testing.assert_array_equal(w, [5.0, 2.0, 3.0, 4.0])  # site 1's last: rank 0
+    np.testing.assert_array_equal(d, [0.0, 9.0, 0.0, 0.0])
+
+
+def test_oracle_gap_script_writes_its_results(tmp_path):
+    from bench.sim_oracle_gap import main as gap_main
+
+    assert gap_main(["--nodes", "1", "--steps", "60", "--seeds", "1", "--out", str(tmp_path)]) == 0
+    (doc_path,) = tmp_path.glob("sim_oracle_gap_*.json")
+    doc = json.loads(doc_path.read_text())
+    runs = {r["case"] for r in doc["rows"] if r["bench"] == "gain_over_none"}
+    assert len(runs) == 3 and all("run=" in r for r in runs), runs
+    waits = [r for r in doc["rows"] if r["bench"] == "early_rank_per_bucket" and "run=none" in r["case"]]
+    assert len(waits) == 1 and waits[0]["n"] == 30 * 8 * 10 - 30 * 10  # 8 ranks, 10 buckets
+    with pytest.raises(SystemExit):
+        gap_main(["--steps", "10"])
