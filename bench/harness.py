@@ -418,7 +418,7 @@ class Harness:
         if m.uncommitted:
             lines.append(f"- Measured with uncommitted changes to: {', '.join(m.uncommitted)}")
         lines.append(
-            "- Every figure is a quantile over the n samples of its row; "
+            "- Every figure is a quantile (or the mean) over the n samples of its row; "
             "times in microseconds unless the unit says otherwise."
         )
         if self.checks:
@@ -443,12 +443,12 @@ class Harness:
                 "",
                 f"## {b}",
                 "",
-                "| case | metric | unit | n | p20 | p50 | p80 | p99 |",
-                "|---|---|---|---|---|---|---|---|",
+                "| case | metric | unit | n | p20 | p50 | p80 | p99 | mean |",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
             lines += [
                 f"| {r['case']} | {r['metric']} | {r['unit']} | {r['n']} | {_fmt(r['p20'])} "
-                f"| {_fmt(r['p50'])} | {_fmt(r['p80'])} | {_fmt(r['p99'])} |"
+                f"| {_fmt(r['p50'])} | {_fmt(r['p80'])} | {_fmt(r['p99'])} | {_fmt(r['mean'])} |"
                 for r in self.rows
                 if r["bench"] == b
             ]
