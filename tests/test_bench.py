@@ -153,3 +153,15 @@ def test_oracle_gap_script_writes_its_results(tmp_path):
     assert len(waits) == 1 and waits[0]["n"] == 30 * 8 * 10 - 30 * 10  # 8 ranks, 10 buckets
     with pytest.raises(SystemExit):
         gap_main(["--steps", "10"])
+
+
+def test_report_load_script_times_both_commands(tmp_path):
+    from bench.report_load import main as load_main
+
+    assert load_main(["--ranks", "8", "--steps", "40", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    (doc_path,) = tmp_path.glob("report_load_*.json")
+    rows = json.loads(doc_path.read_text())["rows"]
+    assert {(r["case"].split("command=")[1], r["metric"]) for r in rows} == {
+        ("load_runs", "time"), ("load_runs", "peak RSS"),
+        ("gpupace report", "time"), ("gpupace report", "peak RSS")}
+    assert all(r["n"] == 1 and r["p50"] > 0 for r in rows)
