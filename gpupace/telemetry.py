@@ -416,8 +416,9 @@ def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
                 d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
     """A telemetry record from one policy update: step scalars at the site of largest spread,
     per-rank arrays copied out of the update's buffers (which the next update reuses).
-    Every rank makes one each step: 137 us at 4096 ranks x 4 sites on the 2-core VM (424 us
-    when it made lists; see `StepRecord`)."""
+    Every rank makes one each step: 137 us at 4096 ranks x 4 sites on the 2-core VM, warm
+    (424 us when it made lists; see `StepRecord`), 0.38 ms p50 in bench/cpu_telemetry, where
+    the JSON encoding between its calls leaves the cache cold."""
     spread = stats.spread
     # The first site of largest spread; a NaN spread (fewer than 2 valid ranks) counts as -1.
     s = int(np.argmax(np.where(spread == spread, spread, -1.0)))
