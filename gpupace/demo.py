@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Once here, so that the ranks load the policy kernel from Numba's cache rather than
     # all compiling it at once on a first run.
-    print("gpupace demo: loading the policy kernel (compiled once per machine: ~10 s the first "
+    print("gpupace demo: loading the policy kernel (compiled once per machine: ~8 s the first "
           "time)", file=sys.stderr, flush=True)
     policy.prepare_fused()
     unit_ms = ms_per_unit()

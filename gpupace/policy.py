@@ -154,7 +154,7 @@ def update(
     `fused` (default: from 256 ranks x sites on, or at any size once `prepare_fused` has
     run) runs the Numba kernel of `policy_fast`; otherwise the NumPy `update_reference`, the
     same arithmetic, which spares a small job that never asked for the kernel Numba's compile
-    (~9 s on a first run on a machine). `rank`: update the state and next delays of
+    (~8 s on a first run on a machine). `rank`: update the state and next delays of
     that rank alone, all a pacer needs of them (the per-site statistics and every rank's
     earliness are computed in full either way); the other ranks' state rows keep their old
     values and their delays are 0."""
@@ -189,7 +189,7 @@ _fused_ready = False  # set by `prepare_fused`
 
 
 def prepare_fused() -> float:
-    """Makes the fused kernel ready in this process: compiles it (~9 s on the 2-core VM, the
+    """Makes the fused kernel ready in this process: compiles it (7.9 s on the 2-core VM, the
     first time on a machine; Numba caches it on disk) or loads it from that cache (~0.5 s).
     From then on every update takes it, whatever the size: at 8 ranks x 4 sites an update
     falls from ~0.4 ms (NumPy) to ~0.03-0.05 ms. The host backend calls it when it starts, so

@@ -46,7 +46,7 @@ SIGNATURE = (_F[::1], _F[:, ::1], _I[:, ::1], _F[:, ::1], _F[:, ::1], nt.boolean
 
 
 def compile_fused() -> None:
-    """Compiles `fused_update` for `SIGNATURE` (~9 s on the 2-core VM the first time on a
+    """Compiles `fused_update` for `SIGNATURE` (7.9 s on the 2-core VM the first time on a
     machine; Numba caches it on disk, ~0.5 s to load) and turns further compiles off, so that
     an argument of another type raises TypeError instead of compiling inside a training loop."""
     if fused_update.signatures:
