@@ -404,6 +404,15 @@ class Harness:
         paths += [base.with_suffix(s) for s in (".csv", ".json", ".md")]
         return paths
 
+    def finish(self, write: bool) -> int:
+        """The end of a standalone script's `main`: the result files when `write` (their paths
+        printed), then the Markdown on stdout. Returns 0, the exit status."""
+        if write:
+            for p in self.write():
+                print(p)
+        print(self.markdown())
+        return 0
+
     def markdown(self) -> str:
         m = self.machine
         lines = [

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
 
 SITES = 4
 LATE_RANK, LATE_US = 7, 3000.0
@@ -94,15 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ranks", "steps", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    h = Harness("report_load", machine=Machine.probe())
-    if args.out is not None:
-        h.out_dir = args.out
+    h = Harness("report_load", machine=Machine.probe(),
+                out_dir=args.out or RESULTS_DIR)
     bench_report(h, args.ranks, args.steps, args.repeats)
-    if args.out is not None:
-        for p in h.write():
-            print(p)
-    print(h.markdown())
-    return 0
+    return h.finish(write=args.out is not None)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
 
 RISKS = (0.1, 1.0)  # overshoot_risk of the policy runs: the default, and ten times it
 
@@ -82,15 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.steps < 50:
         ap.error(f"--steps must be at least 50 (the figures use the second half), got {args.steps}")
-    h = Harness("sim_oracle_gap", machine=Machine.probe())
-    if args.out is not None:
-        h.out_dir = args.out
+    h = Harness("sim_oracle_gap", machine=Machine.probe(),
+                out_dir=args.out or RESULTS_DIR)
     bench_gap(h, args.nodes, args.steps, args.seeds)
-    if args.out is not None:
-        for p in h.write():
-            print(p)
-    print(h.markdown())
-    return 0
+    return h.finish(write=args.out is not None)
 
 
 if __name__ == "__main__":

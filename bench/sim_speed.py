@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
 
 CASES = [(8, 10_000, 2.0), (512, 1_000, 10.0)]  # nodes (x 8 GPUs), steps, target seconds
 POLICIES = ("none", "gpupace", "oracle")
@@ -87,15 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    h = Harness("sim", quick=args.quick, machine=Machine.probe(args.note))
-    if args.out is not None:
-        h.out_dir = args.out
+    h = Harness("sim", quick=args.quick, machine=Machine.probe(args.note),
+                out_dir=args.out or RESULTS_DIR)
     bench_sim(h, args.repeats)
-    if args.out is not None:
-        for p in h.write():
-            print(p)
-    print(h.markdown())
-    return 0
+    return h.finish(write=args.out is not None)
 
 
 if __name__ == "__main__":
