@@ -4,7 +4,8 @@ collective costs on the host backend, and what the per-step exchange (`Pacer.ste
 Five variants run interleaved in one loop (order rotated every repeat, a barrier before each
 timed call, so noise hits all of them alike and repeat i of each is a fair pair):
   plain   `dist.all_reduce`
-  paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping)
+  paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping), its pacer's `step()`
+          untimed before each call
   step    `step()` of a pacer whose one paced call runs untimed just before it: one site
           per step, the worst case (its own pacer: with the order rotated, the paced
           variant's calls do not always fall between two of its steps)
@@ -48,9 +49,11 @@ def human(nbytes: int) -> str:
     return f"{nbytes >> 20}MB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KB"
 
 
-def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict]:
+def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict, dict]:
     """The five timed callables for one message size, each pacer fresh, and what runs untimed
-    before the step variant's calls (its paced collective)."""
+    before a variant's calls: the paced variant's step() (closing the step of its previous
+    call: a pacer without steps stops timing past `max_sites` calls), the step variant's paced
+    collective; and the pacers that must step once a call."""
     import torch
     import torch.distributed as dist
 
@@ -60,8 +63,8 @@ def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict]
     paced, stepped, paced8 = gpupace.Pacer(cfg), gpupace.Pacer(cfg), gpupace.Pacer(cfg)
     calls8 = 0
 
-    def step1() -> None:
-        rec = stepped.step()
+    def close_paced_step() -> None:  # untimed, before each paced call: one site a step
+        rec = paced.step()
         if rec is not None:
             delays["paced"].append(rec.delay_us[rank])
 
@@ -81,11 +84,12 @@ def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict]
     fns = {
         "plain": lambda: dist.all_reduce(t),
         "paced": lambda: paced.all_reduce(t),
-        "step": step1,
+        "step": stepped.step,
         "paced8": run8,
         "exchange": lambda: dist.all_gather(gathered, row),
     }
-    return fns, {"step": lambda: stepped.all_reduce(t)}
+    untimed = {"step": lambda: stepped.all_reduce(t), "paced": close_paced_step}
+    return fns, untimed, {"paced": paced, "step": stepped}
 
 
 def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
@@ -99,14 +103,19 @@ def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
         delays: dict[str, list[float]] = {"paced": [], "paced8": []}
         # Full runs warm up one whole window, so paced8's steps fall on the same repeats each size;
         # a barrier before every timed call, so each starts with both ranks aligned.
-        fns, untimed = _variants(t, rank, delays)
+        fns, untimed, stepping = _variants(t, rank, delays)
+        repeats = repeats_for(nbytes, quick)
         samples = interleave(
             fns,
             warmup=2 if quick else WINDOW,
-            repeats=repeats_for(nbytes, quick),
+            repeats=repeats,
             before=dist.barrier,
             prepare=untimed,
         )
+        for name, pacer in stepping.items():  # a pacer left without steps stops timing
+            if pacer.steps < repeats:
+                raise RuntimeError(f"bench bug: the {name} variant's pacer stepped "
+                                   f"{pacer.steps} times in {repeats} repeats")
         out[nbytes] = {
             "samples": samples,
             "delay_us": {k: np.asarray(v) for k, v in delays.items()},
