@@ -29,8 +29,8 @@ SITES = 4
 LATE_RANK, LATE_US = 7, 3000.0
 COMMANDS = {
     "load_runs": "from gpupace.report import load_runs; load_runs([{path!r}])",
-    "gpupace report": "from gpupace.cli import main; main(['report', {path!r}, '--out', "
-                      "{out!r}, '--quiet'])",
+    "gpupace report": "from gpupace.cli import main; raise SystemExit(main(['report', "
+                      "{path!r}, '--out', {out!r}, '--quiet']))",
 }
 
 

@@ -56,7 +56,7 @@ class StepRecord:
     transfer_us: float  # transfer estimate (min wait) at that site
     straggler: int  # last natural arrival at that site, -1 if unknown
     active: bool  # pacing engaged at any site
-    earliness_us: np.ndarray = field(default_factory=_empty)  # per rank, at that site
+    earliness_us: np.ndarray = field(default_factory=_empty)  # per rank, at that site; NaN: invalid row
     wait_us: np.ndarray = field(default_factory=_empty)  # per rank, summed over sites
     delay_us: np.ndarray = field(default_factory=_empty)  # per rank, applied, summed over sites
     step_times_us: np.ndarray = field(default_factory=_empty)  # per rank
@@ -431,7 +431,9 @@ def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
         transfer_us=float(stats.transfer[s]),
         straggler=int(stats.straggler[s]),
         active=bool(stats.active.any()),
-        earliness_us=np.array(stats.earliness[:, s], dtype=np.float64),
+        # NaN for a rank whose row the policy found invalid (it gives them 0): not a tie
+        # with the last arrival.
+        earliness_us=np.where(stats.valid, stats.earliness[:, s], np.nan),
         wait_us=_site_sums(w),
         delay_us=_site_sums(d),
         step_times_us=np.array(steps, dtype=np.float64),

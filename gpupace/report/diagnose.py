@@ -345,7 +345,10 @@ def _diagnose(run: Run) -> Diagnosis:
     # Enough steps for locality: how far the top rank's share of late steps stands from the
     # half that a rank with no offset gets (a binomial z). A rank late in 30 of 30 steps is
     # as clear as one late in 70% of 150; sqrt(steps / 200) called the first "possible".
-    loc_z = (2.0 * float(consistency[loc_ranks[0]]) - 1.0) * math.sqrt(n) if loc_ranks else 0.0
+    # Over the steps the offsets came from: past the warm-up, every rank known.
+    n_loc = int((np.isfinite(run.earliness).all(axis=1) & (run.step >= run.warmup_steps)).sum())
+    loc_z = (2.0 * float(consistency[loc_ranks[0]]) - 1.0) * math.sqrt(n_loc) \
+        if loc_ranks else 0.0
     loc_ev = {"offset_us": {str(r): float(offset[r]) for r in loc_ranks[:16]},
               "late_in_fraction_of_steps": {str(r): float(consistency[r]) for r in loc_ranks[:16]},
               "lateness_noise_us": noise, "locality_ranks": len(loc_ranks),

@@ -201,7 +201,7 @@ def _pool(a: np.ndarray, n: int, axis: int) -> np.ndarray:
 
 def straggler_counts(run: Run) -> tuple[np.ndarray, int, int]:
     """(steps each rank arrived last, steps counted, measured steps): over the measured steps
-    with a clear last rank (`diagnose.clear_last`)."""
+    with a clear last rank (`ranks.clear_last`)."""
     hist = last_counts(run)
     return hist, int(hist.sum()), int(measured(run).sum())
 

@@ -56,9 +56,9 @@ def cost_line(d: Diagnosis) -> str:
     ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
                       f"(last in {100 * r['last_fraction']:.0f}%)" for r in c["ranks"][:3])
     by = f": {ranks}" if ranks else ""
-    return (f"the last rank held each step up by {c['lead_us_per_step'] / 1e3:.2f} ms on "
-            f"average over the next-latest ({100 * c['share_of_step']:.1f}% of the mean "
-            f"step){by}")
+    return (f"the last rank's lead over the next-latest cost up to "
+            f"{c['lead_us_per_step'] / 1e3:.2f} ms a step ({100 * c['share_of_step']:.1f}% of "
+            f"the mean step){by}")
 
 
 def lost_line(d: Diagnosis) -> str:
