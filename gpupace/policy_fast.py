@@ -15,9 +15,9 @@ Python, half of it Numba's dispatch on the arguments (hence the packed ones: 35 
 192 -> 176 us off a cold update). A pacer needs only its own rank's state (`only`), which
 shrinks the state pass to S elements and leaves the other ranks' delays unwritten (kept at 0
 in reused buffers: 256 KB of fresh outputs and their zeroing cost ~20 us a cold update).
-bench/cpu_policy, with the host backend's strided inputs, after that change: 172 us p50 and
-then 137 us in the two committed full runs of 2026-11-30 (the NumPy reference 2.8 ms in the
-second); quick runs that day ranged from 83 to 172 us as the VM's speed moved.
+bench/cpu_policy, with the host backend's strided inputs, after that change: 172, 137 and
+112 us p50 in the three committed full runs of 2026-11-30 (the NumPy reference 2.2 ms in the
+last); quick runs that day ranged from 83 to 172 us as the VM's speed moved.
 Cold, Numba's dispatch alone is costly: a no-op njit function of 17 arguments took 35 us after
 16 MB of other memory traffic (1.5 us warm), one of 3 arguments 18 us.
 """
