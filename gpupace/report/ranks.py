@@ -4,11 +4,11 @@ how often it arrived last, and what its lateness cost the job per step.
 All of it from the clock-free earliness of each record (at its site of largest spread): no
 timestamps are compared across ranks.
 - A rank's cost is its lead as the last arrival over the next-latest rank, summed over the
-  steps it was clearly last (the steps the headline counts), per measured step. Had it arrived with the next-latest rank, each of
-  those steps would have ended that much sooner (at most: the transfer and the other sites
-  unchanged). The ranks' costs add up to the last rank's mean lead, and they answer "how much
-  does rank 3 cost" directly, where the lost time is against an ideal step that a noisy
-  machine never repeats.
+  steps it was clearly last (the steps the headline counts), per measured step. Had it
+  arrived with the next-latest rank, each of those steps would have ended that much sooner
+  (at most: the transfer and the other sites unchanged). The ranks' costs add up to the last
+  rank's mean lead, and they answer "how much does rank 3 cost" directly, where the lost time
+  is against an ideal step that a noisy machine never repeats.
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def last_leads(e: np.ndarray, last: np.ndarray) -> np.ndarray:
     x = np.where(np.isfinite(e), e, np.inf)
     own = x[rows, last]
     x[rows, last] = np.inf
-    with np.errstate(invalid="ignore"):
-        lead = x.min(axis=1) - own if x.shape[1] else np.full(rows.size, np.nan)
+    with np.errstate(invalid="ignore"):  # inf - inf: no other known rank
+        lead = x.min(axis=1) - own
     return np.where(np.isfinite(lead), lead, 0.0)
 
 
