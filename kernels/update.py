@@ -225,7 +225,8 @@ def _update_kernel(
     tl.store(rec + _SITE, best_s.to(tl.float32))
     tl.store(rec + _CAP, cap)
     tl.store(rec + _N_SITES, n_sites.to(tl.float32))
-    tl.store(rec + _HEAD + offs, best_e, mask=rmask)
+    # NaN for an invalid row, as the host's make_record: 0 would tie with the last arrival.
+    tl.store(rec + _HEAD + offs, tl.where(valid, best_e, float("nan")), mask=rmask)
     tl.store(rec + _HEAD + n_ranks + offs, wait_sum, mask=rmask)
     tl.store(rec + _HEAD + 2 * n_ranks + offs, delay_sum, mask=rmask)
     tl.store(rec + _HEAD + 3 * n_ranks + offs, st, mask=rmask)
