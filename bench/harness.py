@@ -466,6 +466,15 @@ class Harness:
         return "\n".join(lines) + "\n"
 
 
+def require_positive(ap: Any, args: Any, *names: str) -> None:
+    """A standalone script's integer options that must be >= 1: `ap.error` (exit 2, the
+    option and its value named) for the first that is not."""
+    for name in names:
+        value = getattr(args, name)
+        if value < 1:
+            ap.error(f"--{name} must be >= 1, got {value}")
+
+
 def write_whole(path: Path, text: str) -> None:
     """Writes `text` to a temporary file beside `path`, then renames it over `path`: a kill
     mid-write (the device check's deadlines) leaves the previous version, never half a file."""

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
 
 SITES = 4
 LATE_RANK, LATE_US = 7, 3000.0
@@ -91,9 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each command (default 2)")
     ap.add_argument("--out", type=Path, default=None, help="write result files to this folder")
     args = ap.parse_args(argv)
-    for name in ("ranks", "steps", "repeats"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    require_positive(ap, args, "ranks", "steps", "repeats")
     h = Harness("report_load", machine=Machine.probe(),
                 out_dir=args.out or RESULTS_DIR)
     bench_report(h, args.ranks, args.steps, args.repeats)

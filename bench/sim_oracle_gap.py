@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
 
 RISKS = (0.1, 1.0)  # overshoot_risk of the policy runs: the default, and ten times it
 
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2, help="seeds (default 2)")
     ap.add_argument("--out", type=Path, default=None, help="write result files to this folder")
     args = ap.parse_args(argv)
-    for name in ("nodes", "seeds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    require_positive(ap, args, "nodes", "seeds")
     if args.steps < 50:
         ap.error(f"--steps must be at least 50 (the figures use the second half), got {args.steps}")
     h = Harness("sim_oracle_gap", machine=Machine.probe(),

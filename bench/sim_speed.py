@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine  # noqa: E402
+from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
 
 CASES = [(8, 10_000, 2.0), (512, 1_000, 10.0)]  # nodes (x 8 GPUs), steps, target seconds
 POLICIES = ("none", "gpupace", "oracle")
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write result files to this folder")
     ap.add_argument("--note", default="", help="free text for the machine (a shared VM, say)")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    require_positive(ap, args, "repeats")
     h = Harness("sim", quick=args.quick, machine=Machine.probe(args.note),
                 out_dir=args.out or RESULTS_DIR)
     bench_sim(h, args.repeats)
