@@ -17,9 +17,13 @@ def device_backend_missing() -> str | None:
     try:
         import triton  # noqa: F401
     except ImportError:
-        return ("triton is not installed: pip install 'gpupace[cuda12]' "
-                "(or 'gpupace[cuda13]' for CUDA 13)")
+        return _not_installed("triton")
     return cupy_missing()
+
+
+def _not_installed(module: str) -> str:
+    return (f"{module} is not installed: pip install 'gpupace[cuda12]' "
+            "(or 'gpupace[cuda13]' for CUDA 13)")
 
 
 def cupy_missing() -> str | None:
@@ -29,8 +33,7 @@ def cupy_missing() -> str | None:
     try:
         import cupy  # noqa: F401
     except ImportError:
-        return ("cupy is not installed: pip install 'gpupace[cuda12]' "
-                "(or 'gpupace[cuda13]' for CUDA 13)")
+        return _not_installed("cupy")
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError:  # another layout of cupy: its first compile will tell

@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
     doc = findings(runs, diags)
     for run_, d in zip(runs, diags, strict=True):  # who is late and why, then what it cost
         print(headline(d))
-        if d.summary.get("late_cost"):
-            print(f"  {cost_line(d)}")
+        if cost := cost_line(d):
+            print(f"  {cost}")
         if "lost_fraction" in d.summary:
             print(f"  {lost_line(d)}")
             print(f"  {split_line(d)}")

@@ -190,9 +190,8 @@ def _diagnosis_html(run: Run, d: Diagnosis) -> str:
     esc = html.escape
     s = d.summary
     head = f"<h3>{esc(run.label)}</h3><p><b>{esc(headline(d))}</b></p>"
-    if s.get("late_cost"):
-        line = cost_line(d)
-        head += f"<p>{esc(line[:1].upper() + line[1:])}.</p>"
+    if cost := cost_line(d):
+        head += f"<p>{esc(cost[:1].upper() + cost[1:])}.</p>"
     if "lost_fraction" in s:
         head += f"<p>{esc(lost_line(d))}.<br>{esc(split_line(d))}.</p>"
     if s.get("note"):
