@@ -102,3 +102,28 @@ def test_no_cost_without_two_ranks_or_a_clear_last_rank():
     first = _alternating(1)
     short = _run(first, step_us=NAN)  # no step time: nothing measured
     assert ranks.rank_costs(short) is None
+
+
+def test_a_rank_missing_from_every_record_does_not_hide_another_ranks_offset():
+    """Rank 3's row is invalid in every record (NaN earliness) and rank 1 is 3 ms late in every
+    step: rank 1's offset, its late steps and their count come from the steps in which it is
+    known with another rank; rank 3 gets nothing from no step. (Before, only the steps with
+    every rank known counted: none here, and no locality was found.)"""
+    rng = np.random.default_rng(0)
+    e = rng.uniform(3000.0, 3400.0, size=(200, 5))
+    e[:, 1] = rng.uniform(0.0, 100.0, 200)
+    e[:, 3] = NAN
+    e[::10, 4] = NAN  # and rank 4 is missing from one record in ten
+    e -= np.nanmin(e, axis=1, keepdims=True)
+    run = _run(e)
+    offset, late_in, noise, counted = ranks.locality_offsets(run)
+    assert offset[1] == pytest.approx(3150.0, abs=100.0) and late_in[1] == 1.0
+    assert offset[3] == 0.0 and late_in[3] == 0.0
+    np.testing.assert_array_equal(counted, [200, 200, 200, 0, 180])
+    assert np.all(np.abs(offset[[0, 2, 4]]) < 150.0) and 0.0 < noise < 200.0
+    # The same figures as with rank 3 left out of the run altogether
+    alone = ranks.locality_offsets(_run(np.delete(e, 3, axis=1)))
+    np.testing.assert_allclose(np.delete(offset, 3), alone[0])
+    np.testing.assert_allclose(np.delete(late_in, 3), alone[1])
+    loc = next(m for m in diagnose(run).modes if m.mode == "locality")
+    assert loc.ranks == [1] and loc.evidence["late_steps_z"] == pytest.approx(200 ** 0.5)

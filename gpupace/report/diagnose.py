@@ -251,7 +251,7 @@ def _diagnose(run: Run) -> Diagnosis:
     strag = run.straggler[ok]
 
     # -- locality: steady offsets
-    offset, consistency, noise = locality_offsets(run, run.step >= run.warmup_steps)
+    offset, consistency, noise, loc_steps = locality_offsets(run, run.step >= run.warmup_steps)
     p50 = float(np.median(st))
     # An offset must stand out of its median's standard error (1.25 sigma / sqrt n) and matter.
     floor = max(5.0 * 1.25 * noise / math.sqrt(n), 0.002 * p50)
@@ -345,9 +345,8 @@ def _diagnose(run: Run) -> Diagnosis:
     # Enough steps for locality: how far the top rank's share of late steps stands from the
     # half that a rank with no offset gets (a binomial z). A rank late in 30 of 30 steps is
     # as clear as one late in 70% of 150; sqrt(steps / 200) called the first "possible".
-    # Over the steps the offsets came from: past the warm-up, every rank known.
-    n_loc = int((np.isfinite(run.earliness).all(axis=1) & (run.step >= run.warmup_steps)).sum())
-    loc_z = (2.0 * float(consistency[loc_ranks[0]]) - 1.0) * math.sqrt(n_loc) \
+    # Over the steps the top rank's offset came from: past the warm-up, the rank known.
+    loc_z = (2.0 * float(consistency[loc_ranks[0]]) - 1.0) * math.sqrt(loc_steps[loc_ranks[0]]) \
         if loc_ranks else 0.0
     loc_ev = {"offset_us": {str(r): float(offset[r]) for r in loc_ranks[:16]},
               "late_in_fraction_of_steps": {str(r): float(consistency[r]) for r in loc_ranks[:16]},

@@ -13,6 +13,7 @@ timestamps are compared across ranks.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -40,23 +41,39 @@ def lateness(e: np.ndarray) -> np.ndarray:
 
 
 def locality_offsets(run: Run, rows: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray, float]:
+                     ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
     """Per rank: steady lateness behind the median rank (median over steps, us), the fraction
-    of steps it is late by at least half of that, and the noise of lateness (us, robust).
-    `rows`: a boolean mask of the steps to use (default: all)."""
+    of steps it is late by at least half of that, the noise of lateness (us, robust), and the
+    number of steps these come from. `rows`: a boolean mask of the steps to use (default: all).
+    A rank is counted over the steps in which it and at least one other rank are known, so
+    that one rank missing from many records (an invalid row, a broken clock) does not hide
+    the others' offsets; a rank never known gets 0 and 0 from 0 steps."""
     e = run.earliness
     n = e.shape[1]
-    ok = np.isfinite(e).all(axis=1)
+    known = np.isfinite(e)
+    ok = known.sum(axis=1) >= 2
     if rows is not None:
         ok &= rows
-    e = e[ok]
+    e, known = e[ok], known[ok]
+    counted = known.sum(axis=0)
     if e.shape[0] == 0 or n < 2:
-        return np.zeros(n), np.zeros(n), 0.0
+        return np.zeros(n), np.zeros(n), 0.0, counted
     late = lateness(e)
-    offset = np.median(late, axis=0)
-    consistency = np.mean(late >= 0.5 * offset[None, :], axis=0)
-    noise = float(np.median(np.median(np.abs(late - offset[None, :]), axis=0))) * 1.4826
-    return offset, consistency, noise
+    if known.all():  # the usual case, at the cost of plain medians
+        offset = np.median(late, axis=0)
+        consistency = np.mean(late >= 0.5 * offset[None, :], axis=0)
+        dev = np.median(np.abs(late - offset[None, :]), axis=0)
+    else:
+        with warnings.catch_warnings():  # a rank never known: All-NaN slice, handled below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            offset = np.nanmedian(late, axis=0)
+            dev = np.nanmedian(np.abs(late - offset[None, :]), axis=0)
+        offset = np.where(counted > 0, offset, 0.0)
+        consistency = np.sum(known & (late >= 0.5 * offset[None, :]), axis=0) \
+            / np.maximum(counted, 1)
+        dev = dev[counted > 0]
+    noise = float(np.median(dev)) * 1.4826 if dev.size else 0.0
+    return offset, consistency, noise, counted
 
 
 def measured(run: Run) -> np.ndarray:
