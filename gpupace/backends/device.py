@@ -11,8 +11,11 @@ adapt the delays with no host involvement.
 
 Telemetry reaches the host lazily: every `COPY_EVERY` steps the ring is copied to pinned memory
 with a non-blocking copy, and parsed once its event has completed, so `end_step` returns the
-records of earlier steps, one per call (a few steps late). In graph mode call `drain()` outside
-the replay loop (it synchronises) at least every `ring_len` replays, or records are lost.
+records of earlier steps, one per call (a few steps late). In eager mode only the slots written
+since the last copy are copied (the host counts the steps); once a step has been captured,
+replays move the device's step counter unseen and each copy takes the whole ring (16.8 MB at
+4096 ranks). In graph mode call `drain()` outside the replay loop (it synchronises) at least
+every `ring_len` replays, or records are lost.
 CUDA events time the compute and collective phases in eager mode (`phase_times()`).
 
 Limits, bluntly: sites are matched by order, and a captured graph fixes the site count; the
@@ -46,6 +49,17 @@ PHASE_EVERY = 8
 
 class WarmupError(RuntimeError):
     """A CUDA graph capture started before `warmup()`."""
+
+
+def ring_slots(start: int, end: int, ring_len: int) -> list[tuple[int, int]]:
+    """The ring slots [lo, hi) that steps start..end-1 wrote (slot = step % ring_len), at most
+    two ranges; only the last ring_len steps when more have passed (the older ones are
+    overwritten)."""
+    start = max(start, end - ring_len)
+    if start >= end:
+        return []
+    lo, hi = start % ring_len, (end - 1) % ring_len + 1
+    return [(lo, hi)] if lo < hi else [(lo, ring_len), (0, hi)]
 
 
 def join_action(fork: tuple[int, bool] | None, capturing: bool, generation: int) -> str:
@@ -116,7 +130,10 @@ class DeviceEngine:
         self.ring_step = torch.full((self.ring_len,), -1, dtype=i64, **z)
         pin = dev.type == "cuda"
         self._host_ring = torch.empty(self.ring.shape, dtype=f32, pin_memory=pin)
-        self._host_ring_step = torch.empty(self.ring_step.shape, dtype=i64, pin_memory=pin)
+        # -1: a slot no copy has reached yet, which `_parse` skips (eager copies are partial)
+        self._host_ring_step = torch.full(self.ring_step.shape, -1, dtype=i64, pin_memory=pin)
+        self._copied = 0  # eager steps whose ring slots have been copied (or are on their way)
+        self._captured = False  # a step was captured: graph replays move the counter unseen
         self._copy_event: Any = None
         self._copy_pending = False
         self._cupy_views: dict[str, Any] | None = None
@@ -243,6 +260,7 @@ class DeviceEngine:
         self._k_update.update(self.gathered, self.row, self.red, self.state, self.ring,
                               self.ring_step, self.params, n_sites=n, rank=self.rank)
         if capturing:
+            self._captured = True
             self._new_step()
             return None
         self._times.append((self._calls, step, time_s))
@@ -295,8 +313,14 @@ class DeviceEngine:
             self._copy_pending = False
             self._parse(self._host_ring.numpy(), self._host_ring_step.numpy())
         if start_copy and not self._copy_pending:
-            self._host_ring.copy_(self.ring, non_blocking=True)
-            self._host_ring_step.copy_(self.ring_step, non_blocking=True)
+            if self._captured:
+                spans = [(0, self.ring_len)]
+            else:  # eager: the device has done exactly self._calls steps
+                spans = ring_slots(self._copied, self._calls, self.ring_len)
+                self._copied = self._calls
+            for lo, hi in spans:
+                self._host_ring[lo:hi].copy_(self.ring[lo:hi], non_blocking=True)
+                self._host_ring_step[lo:hi].copy_(self.ring_step[lo:hi], non_blocking=True)
             if self.device.type == "cuda":
                 self._copy_event = torch.cuda.Event()
                 self._copy_event.record()
