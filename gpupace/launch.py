@@ -14,6 +14,7 @@ import pickle
 import queue
 import signal
 import socket
+import tempfile
 import threading
 import time
 import traceback
@@ -28,14 +29,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, backend, port, coll_timeout_s, results, args, kwargs):
+def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs):
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # N ranks share this machine's cores
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        # A file store: a port picked free and bound later by rank 0 could be taken meanwhile.
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank,
+                                world_size=world_size,
                                 timeout=datetime.timedelta(seconds=coll_timeout_s))
         try:
             value = fn(rank, world_size, *args, **kwargs)
@@ -60,13 +62,14 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(fn, r, world_size, backend, port, collective_timeout_s, results,
-                               args, kwargs))
-             for r in range(world_size)]
-    with _exit_on_termination():
-        return _start_and_collect(procs, results, timeout_s)
+    with tempfile.TemporaryDirectory(prefix="gpupace-ranks-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_rank_main, daemon=True,
+                             args=(fn, r, world_size, backend, store, collective_timeout_s,
+                                   results, args, kwargs))
+                 for r in range(world_size)]
+        with _exit_on_termination():
+            return _start_and_collect(procs, results, timeout_s)
 
 
 def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
