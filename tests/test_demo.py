@@ -11,6 +11,7 @@ from gpupace.demo import SCENARIOS, make_schedule
 from gpupace.telemetry import first_measured_step, read_telemetry
 
 
+@pytest.mark.timeout(240)  # the run itself may take up to its --timeout of 150 s
 def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     out = tmp_path / "demo.json"
     # 8 ms of extra work on rank 1 and 30 measured steps a phase: with 4 ms and 20 steps,
