@@ -177,6 +177,18 @@ def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):
     assert rc == 2 and "is not a directory" in cap.err
 
 
+def test_without_out_the_text_alone_and_nothing_written(sim_dir, tmp_path, capsys,
+                                                       monkeypatch):
+    src, _ = _telemetry(sim_dir, "locality", 1, 8, 1)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(src), "--quiet"]) == 0
+    cap = capsys.readouterr()
+    assert "locality" in cap.out and "--out DIR writes the HTML report" in cap.out
+    assert list(tmp_path.iterdir()) == []
+    assert main(["report", str(src), "--json", "--quiet"]) == 2
+    assert "give --out DIR with it" in capsys.readouterr().err
+
+
 def test_truncated_and_corrupt_lines_give_a_partial_report(sim_dir, tmp_path, capsys):
     src, _ = _telemetry(sim_dir, "jitter", 2, 4, 1)
     lines = src.read_text().splitlines()

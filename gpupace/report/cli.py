@@ -1,9 +1,10 @@
-"""`gpupace report RUN.jsonl [MORE.jsonl ...] --out DIR [--json]`: reads telemetry files (a
+"""`gpupace report RUN.jsonl [MORE.jsonl ...] [--out DIR [--json]]`: reads telemetry files (a
 real job's, `gpupace demo`'s, the simulator's; several rank files of one run, or a baseline
-and a paced run), diagnoses each run and writes DIR/report.html with its PNG plots, and with
-`--json` DIR/findings.json. Progress goes to stderr; to stdout, a headline per run (who is late,
-the leading cause), its lost time and split, and the notes on what was read; a line per
-paced-vs-baseline comparison, then the written paths."""
+and a paced run) and diagnoses each run; with `--out`, writes DIR/report.html with its PNG
+plots, and with `--json` DIR/findings.json. Progress goes to stderr; to stdout, a headline per
+run (who is late, the leading cause), its lost time and split, and the notes on what was read;
+a line per paced-vs-baseline comparison, then the written paths. Without `--out` nothing is
+written: the quick look from a terminal, without the plots' time."""
 
 from __future__ import annotations
 
@@ -23,24 +24,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="RUN.jsonl",
                    help="telemetry files (a directory: its *.jsonl files); give a baseline "
                    "and a paced run to compare them")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory for the report")
+    p.add_argument("--out", metavar="DIR", help="write DIR/report.html and its plots (without "
+                   "it: the text alone)")
     p.add_argument("--json", action="store_true", help="also write DIR/findings.json")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.json and args.out is None:
+        raise ValueError("--json writes DIR/findings.json: give --out DIR with it")
+    out = Path(args.out) if args.out is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a directory")
     progress = None if args.quiet else stderr_progress
     runs = load_runs(args.files, progress=progress)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
     diags = [diagnose(r) for r in runs]
-    if progress:
-        progress(f"plotting {len(runs)} run(s)")
-    plots = make_all(runs, diags, out, progress)
-    page = out / "report.html"
-    page.write_text(render(runs, diags, plots, out), encoding="utf-8")
     doc = findings(runs, diags)
     for run_, d in zip(runs, diags, strict=True):  # who is late and why, then what it cost
         print(headline(d))
@@ -54,6 +52,15 @@ def run(args: argparse.Namespace) -> int:
     for comp in doc["comparisons"]:
         print(cli_line(comp))
     print(f"({LOST_DEFINITION})")
+    if out is None:
+        print("(--out DIR writes the HTML report, its plots and, with --json, findings.json)")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress(f"plotting {len(runs)} run(s)")
+    plots = make_all(runs, diags, out, progress)
+    page = out / "report.html"
+    page.write_text(render(runs, diags, plots, out), encoding="utf-8")
     print(page)
     if args.json:
         path = out / "findings.json"
