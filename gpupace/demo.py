@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
           f"{unit_ms * 1e3:.0f} us)", file=sys.stderr)
     if args.telemetry:
         files = Path(args.telemetry) / "{baseline,paced}-{1,2}.jsonl"
-        print(f"telemetry: {files}  (gpupace report {args.telemetry} --out DIR)",
+        print(f"telemetry: {files}  (gpupace report {args.telemetry} [--out DIR])",
               file=sys.stderr)
     if args.json:
         Path(args.json).write_text(json.dumps(_json_safe(result), indent=2) + "\n")
