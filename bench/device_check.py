@@ -9,9 +9,10 @@ Measured here: the timer tick; spin-wait error (applied - requested, 5 to 1000 u
 added time per paced collective, eager and in a CUDA graph (single-rank NCCL all_reduce of
 4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step; plus whatever the
 GPU tests record (virtual-cluster spread error, spin coupling, learned delay); and, on the
-machine's CPU, the host backend's policy update at 4096 ranks x 4 sites. The benchmark
-suite of `python -m bench --suite gpu --quick` runs too when it is there; its files are packed
-into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collective, spin
+machine's CPU, the host backend's policy update at 4096 ranks x 4 sites; and, in a process of
+its own, the host time of one Triton launch through the JIT against a direct launch of the
+compiled kernel (`bench/launch_cost.py`). The benchmark suite of `python -m bench --suite gpu
+--quick` runs too when it is there; its files are packed into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collective, spin
 error p99 <= tick + 1 us, zero syncs) are compared, never assumed: until this has run on a GPU
 they are not yet measured on a GPU.
 
@@ -409,6 +410,17 @@ def run_tests(fig_path: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     return {"returncode": rc, "seconds": seconds, **counts}
 
 
+def run_launch_cost(fig: dict[str, Any], log: Path, timeout_s: float) -> dict[str, Any]:
+    """`bench/launch_cost.py` in a process of its own (a direct launch gone wrong may break
+    its CUDA context, not this one's): host us per Triton launch, through the JIT and direct."""
+    path = Path(tempfile.mkdtemp(prefix="gpupace-launch-")) / "launch_cost.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "launch_cost.py"), "--json", str(path)]
+    rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
+    if path.exists():
+        fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
+    return {"ran": True, "returncode": rc, "seconds": seconds}
+
+
 def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[str, Any]:
     """`python -m bench --suite gpu --quick` (it writes its files after every benchmark),
     packed into one tar: the GPU machine returns at most 8 files."""
@@ -631,6 +643,14 @@ def main(argv: list[str] | None = None) -> int:
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"  {name} FAILED: {errors[name]}", flush=True)
         save(name)
+    if left() < 40:
+        res["launch_cost"] = {"ran": False, "why": f"{left():.0f} s of the budget left"}
+    else:
+        print("  launch cost (its own process)...", flush=True)
+        res["launch_cost"] = run_launch_cost(fig, log, min(60.0, left() - 30))
+        if res["launch_cost"]["returncode"] != 0:
+            errors["launch_cost"] = f"exit code {res['launch_cost']['returncode']}: see the log"
+    save("launch_cost")
     if args.no_suite:
         res["bench_suite"] = {"ran": False, "why": "--no-suite"}
     elif left() < 30:

@@ -99,6 +99,19 @@ def test_a_phase_past_its_deadline_is_killed_and_keeps_its_output(tmp_path):
     assert rc == 0 and log.read_text().rstrip().endswith("ok")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="on a GPU the probe runs for real: the device check covers that")
+def test_the_launch_cost_probe_runs_in_its_own_process_and_skips_without_cuda(tmp_path):
+    """The check runs `bench/launch_cost.py` as a process of its own; here it says why it
+    skips, writes no figure and exits 0, and the check records that it ran."""
+    dc = load()
+    fig: dict = {}
+    log = tmp_path / "check.log"
+    ran = dc.run_launch_cost(fig, log, 120.0)
+    assert ran["ran"] and ran["returncode"] == 0 and fig == {}
+    assert "launch cost: SKIP: no CUDA device" in log.read_text()
+
+
 def test_sync_verdict_needs_the_host_to_run_ahead_of_a_busy_gpu():
     dc = load()
     ahead = {"host_syncs_per_step": 0.0,

@@ -1,0 +1,115 @@
+"""Host time per launch of one small Triton kernel, the paced collective's exit stamp, two ways:
+through the JIT (`kernels.stamp.exit_stamp`, what the device engine calls: Triton binds and
+specialises the arguments and looks the kernel up on every call) and through the
+CompiledKernel that the JIT returned (its launcher, called directly); a torch in-place add on
+one element for scale. A paced collective launches two such kernels, so this says whether the
+eager target (<= 15 us per paced collective) needs the direct path. Public figures for Triton
+3.x put the JIT's dispatch at ~9-12 us a launch and a direct call at ~3-5 us: not yet
+measured on a GPU here.
+
+    python bench/launch_cost.py --json PATH
+
+The direct launch passes the JIT's arguments in its order (the constexpr included, as
+`JITFunction.run` does) and is checked: it must write the exit stamp. The device check runs
+this in a process of its own, so that a direct launch gone wrong cannot take the other
+figures with it. Without CUDA it prints why, writes nothing and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
+
+from bench.harness import quantiles  # noqa: E402
+
+
+def _per_launch_us(fn, launches: int) -> float:
+    """Host us per call over `launches` calls, from an empty queue (a launch never waits)."""
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(launches):
+        fn()
+    us = (time.perf_counter_ns() - t0) * 1e-3 / launches
+    torch.cuda.synchronize()
+    return us
+
+
+def measure(launches: int = 200, windows: int = 15) -> dict:
+    import torch
+    import triton
+
+    from gpupace.kernels import stamp
+    from gpupace.kernels.clock import use_clock
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    m, site = 4, 1  # an engine's buffers (spin.py's layout), the second site
+    row = torch.zeros(2 + 2 * m, dtype=torch.float32, device=dev)
+    stamps = torch.zeros(m, 3, dtype=torch.int64, device=dev)
+    clk = torch.zeros(2, dtype=torch.int64, device=dev)
+    one = torch.zeros(1, device=dev)
+    clock = use_clock(None)
+    compiled = stamp._exit_kernel[(1,)](row, stamps, clk, site, USE_CLOCK=clock, num_warps=1)
+    out: dict = {"triton": triton.__version__, "launches_per_window": launches}
+    if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        out["direct"] = f"the JIT returned {type(compiled).__name__}, not a CompiledKernel"
+        runner = None
+    else:
+        runner = compiled[(1, 1, 1)]
+        stamps.zero_()
+        row.zero_()
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        runner(row, stamps, clk, site, clock, stream=stream)
+        torch.cuda.synchronize()
+        wrote = bool(stamps[site, 2].item() != 0 and row[0].item() == site + 1)
+        out["direct"] = "wrote the exit stamp" if wrote else "did NOT write the exit stamp"
+        if not wrote:
+            runner = None
+    ways = {"jit_exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, site),
+            "torch_add_1_element": lambda: one.add_(1.0)}
+    if runner is not None:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        ways["direct_exit_stamp"] = lambda: runner(row, stamps, clk, site, clock, stream=stream)
+    for fn in ways.values():  # warm: caches, the driver's first launches
+        _per_launch_us(fn, 20)
+    samples = {k: [] for k in ways}
+    for _ in range(windows):  # interleaved: the machine's drift hits every way alike
+        for k, fn in ways.items():
+            samples[k].append(_per_launch_us(fn, launches))
+    out["per_launch_us"] = {k: quantiles(np.array(v)) for k, v in samples.items()}
+    if runner is not None:
+        jit, direct = (np.median(samples[k]) for k in ("jit_exit_stamp", "direct_exit_stamp"))
+        out["jit_over_direct"] = float(jit / direct)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, required=True, help="where the figures go")
+    ap.add_argument("--launches", type=int, default=200, help="launches per timed window")
+    args = ap.parse_args(argv)
+    if args.launches < 1:
+        ap.error(f"--launches must be >= 1, got {args.launches}")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("launch cost: SKIP: no CUDA device. Nothing measured, nothing written.")
+        return 0
+    res = measure(args.launches)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
