@@ -127,3 +127,18 @@ def test_a_rank_missing_from_every_record_does_not_hide_another_ranks_offset():
     np.testing.assert_allclose(np.delete(late_in, 3), alone[1])
     loc = next(m for m in diagnose(run).modes if m.mode == "locality")
     assert loc.ranks == [1] and loc.evidence["late_steps_z"] == pytest.approx(200 ** 0.5)
+
+
+def test_steps_with_two_ranks_known_of_many_do_not_halve_an_offset():
+    """Ranks 2-5 missing together from 60% of the records: in those, the median of the two
+    known ranks would be their mean, and rank 1's 3 ms would count as 1.5 (rank 0 as -1.5).
+    Such steps are left out: at least three ranks known (both, at two ranks)."""
+    rng = np.random.default_rng(1)
+    e = rng.uniform(3000.0, 3100.0, size=(300, 6))
+    e[:, 1] = rng.uniform(0.0, 100.0, 300)
+    e[rng.random(300) < 0.6, 2:] = NAN
+    e -= np.nanmin(e, axis=1, keepdims=True)
+    offset, late_in, _, counted = ranks.locality_offsets(_run(e))
+    assert offset[1] == pytest.approx(3000.0, abs=100.0) and late_in[1] == 1.0
+    assert abs(offset[0]) < 100.0
+    assert counted[0] == counted[1] == counted[2] < 200

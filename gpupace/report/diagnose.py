@@ -253,8 +253,9 @@ def _diagnose(run: Run) -> Diagnosis:
     # -- locality: steady offsets
     offset, consistency, noise, loc_steps = locality_offsets(run, run.step >= run.warmup_steps)
     p50 = float(np.median(st))
-    # An offset must stand out of its median's standard error (1.25 sigma / sqrt n) and matter.
-    floor = max(5.0 * 1.25 * noise / math.sqrt(n), 0.002 * p50)
+    # An offset must stand out of its median's standard error (1.25 sigma / sqrt n, over the
+    # steps the rank was known in) and matter.
+    floor = np.maximum(5.0 * 1.25 * noise / np.sqrt(np.maximum(loc_steps, 1)), 0.002 * p50)
     loc_mask = (offset > floor) & (consistency >= LOCALITY_CONSISTENCY)
     loc_ranks = [int(r) for r in np.argsort(-offset) if loc_mask[r]]
     loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
@@ -341,7 +342,7 @@ def _diagnose(run: Run) -> Diagnosis:
 
     loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
     if loc_ranks:
-        loc_sig *= min(1.0, offset[loc_ranks[0]] / (3.0 * floor))
+        loc_sig *= min(1.0, offset[loc_ranks[0]] / (3.0 * floor[loc_ranks[0]]))
     # Enough steps for locality: how far the top rank's share of late steps stands from the
     # half that a rank with no offset gets (a binomial z). A rank late in 30 of 30 steps is
     # as clear as one late in 70% of 150; sqrt(steps / 200) called the first "possible".

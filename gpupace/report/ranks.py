@@ -45,13 +45,15 @@ def locality_offsets(run: Run, rows: np.ndarray | None = None
     """Per rank: steady lateness behind the median rank (median over steps, us), the fraction
     of steps it is late by at least half of that, the noise of lateness (us, robust), and the
     number of steps these come from. `rows`: a boolean mask of the steps to use (default: all).
-    A rank is counted over the steps in which it and at least one other rank are known, so
-    that one rank missing from many records (an invalid row, a broken clock) does not hide
-    the others' offsets; a rank never known gets 0 and 0 from 0 steps."""
+    A rank is counted over the steps in which it is known with at least two other ranks (the
+    other one, at 2 ranks), so that one rank missing from many records (an invalid row, a
+    broken clock) does not hide the others' offsets; a rank never known gets 0 and 0 from 0
+    steps. (With two ranks known of more, the median rank would be their mean, and an offset
+    would count half.)"""
     e = run.earliness
     n = e.shape[1]
     known = np.isfinite(e)
-    ok = known.sum(axis=1) >= 2
+    ok = known.sum(axis=1) >= min(n, 3)
     if rows is not None:
         ok &= rows
     e, known = e[ok], known[ok]
