@@ -415,7 +415,9 @@ def run_launch_cost(fig: dict[str, Any], log: Path, timeout_s: float) -> dict[st
     its CUDA context, not this one's): host us per Triton launch, through the JIT and direct."""
     path = Path(tempfile.mkdtemp(prefix="gpupace-launch-")) / "launch_cost.json"
     cmd = [sys.executable, str(ROOT / "bench" / "launch_cost.py"), "--json", str(path)]
-    rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)  # the compiled kernels, never the interpreter
+    rc, seconds = run_logged(cmd, log, timeout_s, env)
     if path.exists():
         fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
     return {"ran": True, "returncode": rc, "seconds": seconds}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -151,16 +151,15 @@ def nccl_world1() -> Iterator[None]:
     import torch
     import torch.distributed as dist
 
-    from gpupace.launch import free_port
-
     if dist.is_initialized():
         yield
         return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(free_port())
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    # A file store, as the device check's group: no port to pick free and lose meanwhile.
+    with tempfile.TemporaryDirectory(prefix="gpupace-nccl-") as tmp:
+        dist.init_process_group("nccl", init_method=f"file://{tmp}/store", rank=0,
+                                world_size=1, device_id=torch.device("cuda", 0))
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()

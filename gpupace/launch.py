@@ -13,7 +13,6 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -21,12 +20,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs):

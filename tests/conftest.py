@@ -9,6 +9,7 @@ from hypothesis import settings
 
 # CI draws the same examples on every run (a clean clone has no example database), so that a
 # rare input found by chance cannot turn an unrelated change red; elsewhere each run explores.
+# (Recent hypothesis loads such a profile itself when CI is set; this says it for any version.)
 settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")

@@ -191,7 +191,7 @@ def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named
     """Without the check a rank with mode off left the others waiting in the exchange until
     the group's timeout, another max_sites aborted gloo on a size mismatch, and other gains
     made the ranks' decisions diverge without a word."""
-    errors = run_ranks(_built_with, 3, changes)
+    errors = run_ranks(_built_with, 3, changes, timeout_s=100)  # inside pytest's 120 s
     assert all(e is not None and named in e for e in errors), errors
     assert all("GPUPACE_" in e for e in errors)
 
@@ -313,7 +313,7 @@ def _disagreeing_sites(rank, world):
 
 
 def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
-    for records, delays, warned in run_ranks(_disagreeing_sites, 2):
+    for records, delays, warned in run_ranks(_disagreeing_sites, 2, timeout_s=100):
         assert records == [None, None, None]
         assert delays == []
         assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]
