@@ -134,7 +134,7 @@ def test_lost_time_is_a_share_of_the_measured_time(demo_like):
     assert s["mean_step_us"] == pytest.approx(st.mean())
     assert 0.0 < s["lost_fraction"] <= 1.0
     # The ideal step: the 5th-percentile step less rank 3's steady lateness, below every step
-    assert s["ideal_step_us"] == pytest.approx(s["p5_step_us"] - s["steady_offset_us"])
+    assert s["ideal_step_us"] == pytest.approx(s["p5_step_us"] - s["locality_cost_us"])
     assert s["ideal_step_us"] < st.min()
     # ~ 1 - ideal / mean: the share of the time the ideal step would have saved
     assert s["lost_fraction"] == pytest.approx(1 - s["ideal_step_us"] / st.mean(), abs=0.02)

@@ -48,7 +48,7 @@ import numpy as np
 
 from .advice import action
 from .load import Run
-from .ranks import late_rank, lateness, locality_offsets, measured, rank_costs
+from .ranks import clear_last, late_rank, lateness, locality_offsets, measured, rank_costs
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
@@ -60,8 +60,9 @@ MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth n
 # share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
 LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
-                   "5th-percentile step less the steady lateness of a persistently late rank), "
-                   "summed, as a share of the total measured step time")
+                   "5th-percentile step less what persistently late ranks typically added to "
+                   "it: how much later than every other rank they arrived), summed, as a share "
+                   "of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
 
@@ -143,13 +144,14 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, float]]:
     return bool(sep >= 6.0 and 0.02 <= frac <= 0.6), hi, info
 
 
-def coupling_index(run: Run) -> float:
+def coupling_index(run: Run, rows: np.ndarray | None = None) -> float:
     """How much the arrival spread shrinks from the first site to the later ones, 0..1:
     1 - (median spread over the later half of the sites) / (median spread at the first).
     Without coupling a late rank stays late through the step (noise even widens the spread);
     when waiting slows a rank's overlapped compute (NCCL kernels spinning on SMs), the early
-    ranks fall back and the spread shrinks. 0 with fewer than 3 sites (no evidence)."""
-    ss = run.site_spread
+    ranks fall back and the spread shrinks. 0 with fewer than 3 sites (no evidence).
+    `rows`: a boolean mask of the steps to use (default: all)."""
+    ss = run.site_spread if rows is None else run.site_spread[rows]
     if ss.shape[1] < 3:
         return 0.0
     med = np.nanmedian(ss, axis=0)
@@ -159,11 +161,19 @@ def coupling_index(run: Run) -> float:
     return float(np.clip(1.0 - later / med[0], 0.0, 1.0))
 
 
+def follows(run: Run) -> np.ndarray:
+    """Per record: whether the record before it is the step before it. Not so after a gap:
+    a file written one step in `telemetry_every`, or records the writer dropped."""
+    out = np.zeros(run.steps, dtype=bool)
+    out[1:] = np.diff(run.step) == 1
+    return out
+
+
 def aligned_spread(run: Run) -> np.ndarray:
     """The arrival spread each step time saw. A step time is the exit-to-exit interval of the
     first site, so step k's window holds sites 1.. of step k-1 and site 0 of step k; a late
-    arrival there is what lengthens it. Falls back to the step's own largest spread when the
-    records have no per-site spreads."""
+    arrival there is what lengthens it. Where step k-1 was not recorded, or the records have
+    no per-site spreads, the step's own largest spread stands for it."""
     ss = run.site_spread
     spread = np.nan_to_num(run.spread, nan=0.0)
     if ss.shape[1] == 0 or not np.isfinite(ss).any():
@@ -171,18 +181,21 @@ def aligned_spread(run: Run) -> np.ndarray:
     ss = np.nan_to_num(ss, nan=0.0)
     out = ss[:, 0].copy()
     if ss.shape[1] > 1:
+        prev = follows(run)
         out[1:] = np.maximum(out[1:], ss[:-1, 1:].max(axis=1))
+        out[~prev] = spread[~prev]
     return out
 
 
 def aligned_transfer(run: Run) -> np.ndarray:
     """The transfer time each step time saw: the mean of this step's and the previous one's
-    (only one transfer figure per step is recorded, at its site of largest spread)."""
+    (only one transfer figure per step is recorded, at its site of largest spread); the
+    step's own where the previous step was not recorded."""
     x = run.transfer.astype(np.float64)
     fill = float(np.nanmedian(x)) if np.isfinite(x).any() else 0.0
     x = np.where(np.isfinite(x), x, fill)
     out = x.copy()
-    out[1:] = 0.5 * (x[1:] + x[:-1])
+    out[1:] = np.where(follows(run)[1:], 0.5 * (x[1:] + x[:-1]), x[1:])
     return out
 
 
@@ -267,12 +280,24 @@ def _diagnose(run: Run) -> Diagnosis:
     # locality rank was late by at least half of it (all steps when there is none). The 5th
     # percentile is taken over them, so that a step in which the late rank happened to be on
     # time does not stand for the ideal with its offset then taken off a second time.
+    # What the offset cost a step that paid it: not the offset behind the median rank, but
+    # how much later than every other rank the locality ranks' last one arrived, up to the
+    # offset (without it the step would have ended at the latest other rank); its median
+    # over the paying steps.
     paying = np.ones(n, dtype=bool)
+    offset_us, loc_us = loc_us, 0.0
     if loc_ranks:
-        late0 = lateness(run.earliness[ok])[:, loc_ranks[0]]
-        paying = ~np.isfinite(late0) | (late0 >= 0.5 * loc_us)
+        late_all = lateness(run.earliness[ok])
+        late0 = late_all[:, loc_ranks[0]]
+        paying = np.isfinite(late0) & (late0 >= 0.5 * offset_us)
+        if paying.sum() < MIN_STEPS:  # too few to take a percentile over: every step
+            paying = np.ones(n, dtype=bool)
+        others = np.delete(late_all, loc_ranks, axis=1)
+        if others.shape[1]:
+            ahead = np.nanmax(late_all[:, loc_ranks], axis=1) - np.nanmax(others, axis=1)
+            loc_us = _p(np.clip(ahead, 0.0, offset_us)[paying], 50)
     p5 = _p(st[paying], 5)
-    loc_us = min(loc_us, p5)  # an offset longer than the step cannot be its cost
+    loc_us = min(loc_us, p5)  # a cost longer than the step cannot be
     ideal = p5 - loc_us
     lost_step = np.maximum(st - ideal, 0.0)
     loc_part = np.where(paying, np.minimum(lost_step, loc_us), 0.0)
@@ -280,7 +305,8 @@ def _diagnose(run: Run) -> Diagnosis:
     lost_total = float(lost_step.sum())
     measured_total = float(st.sum())
     summary.update(ideal_step_us=ideal, p5_step_us=p5, median_step_us=p50,
-                   mean_step_us=measured_total / n, steady_offset_us=loc_us,
+                   mean_step_us=measured_total / n, steady_offset_us=offset_us,
+                   locality_cost_us=loc_us,
                    offset_paid_fraction=float(paying.mean()), lost_us=lost_total,
                    lost_fraction=lost_total / measured_total if measured_total > 0 else 0.0,
                    lost_definition=LOST_DEFINITION)
@@ -303,10 +329,13 @@ def _diagnose(run: Run) -> Diagnosis:
 
     # Regimes are found on the recorded transfer (two clean levels); a step time whose
     # window touches a high step gets the jump between the levels.
-    regime, hi_raw, reg_info = _regimes(run.transfer)
-    hi_raw = np.where(np.isfinite(run.transfer), hi_raw, False)
+    past_warmup = run.step >= run.warmup_steps
+    regime, hi_measured, reg_info = _regimes(run.transfer[past_warmup])
+    hi_raw = np.zeros(run.steps, dtype=bool)
+    hi_raw[past_warmup] = hi_measured
+    hi_raw &= np.isfinite(run.transfer)
     hi = hi_raw.copy()
-    hi[1:] |= hi_raw[:-1]
+    hi[1:] |= hi_raw[:-1] & follows(run)[1:]
     hi = hi[ok]
     if regime:
         jump = np.where(hi, np.minimum(reg_info["level_gap_us"], b), 0.0)
@@ -315,7 +344,7 @@ def _diagnose(run: Run) -> Diagnosis:
     else:
         jit_frac = np.zeros(n)
 
-    coupling = coupling_index(run)
+    coupling = coupling_index(run, past_warmup)
     spike_loss = float(spread_part[spike].sum())
     lost = {
         "locality": float(loc_part.sum()),
@@ -326,7 +355,7 @@ def _diagnose(run: Run) -> Diagnosis:
     size = min(1.0, math.sqrt(n / FULL_STEPS))
 
     # -- signatures and evidence
-    late_steps = body & (a > 0)
+    late_steps = body & (a > 0) & clear_last(run)[ok]  # the steps the headline counts
     hist_body = np.bincount(strag[late_steps & (strag >= 0)], minlength=run.world_size)
     rotation = _entropy(hist_body)
     top_share = float(hist_body.max() / hist_body.sum()) if hist_body.sum() else 0.0
@@ -359,8 +388,15 @@ def _diagnose(run: Run) -> Diagnosis:
         loc_ev["nodes_with_late_gpus"] = len({r // g for r in loc_ranks})
         loc_ev["nodes"] = -(-run.world_size // g)
 
-    xcv = float(np.std(xfer) / np.mean(xfer)) if np.mean(xfer) > 0 else 0.0
-    xac = _corr(xfer[:-1], xfer[1:])
+    # Variability and lag-1 autocorrelation of the transfer as recorded, over pairs of
+    # consecutive measured steps: the aligned series is a two-step mean, which alone gives
+    # independent noise an autocorrelation of 0.5.
+    raw = run.transfer[ok]
+    raw_ok = np.isfinite(raw)
+    xcv = float(np.std(raw[raw_ok]) / np.mean(raw[raw_ok])) \
+        if raw_ok.sum() > 1 and np.mean(raw[raw_ok]) > 0 else 0.0
+    pair = (np.diff(run.step[ok]) == 1) & raw_ok[1:] & raw_ok[:-1]
+    xac = _corr(raw[:-1][pair], raw[1:][pair])
     calm = 1.0 - max(0.0, _corr(xfer, spread))
     fab_sig = min(1.0, xcv / 0.05) * max(0.0, xac) * calm
     fab_ev = {"transfer_cv": xcv, "transfer_lag1_autocorrelation": xac,

@@ -66,10 +66,14 @@ def lost_line(d: Diagnosis) -> str:
     s = d.summary
     if "lost_fraction" not in s:
         return ""
-    off = s.get("steady_offset_us", 0.0)
+    cost = s.get("locality_cost_us", 0.0)
     loc = next((m for m in d.modes if m.mode == "locality" and m.ranks), None)
-    who = f"rank {loc.ranks[0]}'s" if loc is not None else "the late ranks'"
-    less = f" less {who} steady {off / 1e3:.1f} ms lateness" if off > 0 else ""
+    who = "the late ranks"
+    if loc is not None:
+        names = ", ".join(str(r) for r in loc.ranks[:4]) + (", ..." if len(loc.ranks) > 4 else "")
+        who = f"rank{'s' if len(loc.ranks) > 1 else ''} {names}"
+    less = (f" less the {cost / 1e3:.1f} ms by which {who} typically arrived after every "
+            f"other rank") if cost > 0 else ""
     return (f"lost {100 * s['lost_fraction']:.1f}% of the measured time: mean step "
             f"{s['mean_step_us'] / 1e3:.1f} ms against an ideal step of "
             f"{s['ideal_step_us'] / 1e3:.1f} ms (the 5th-percentile step of "
