@@ -21,8 +21,12 @@ ENV_PREFIX = "GPUPACE_"
 OTHER_ENV = {"GPUPACE_CHECK_T0", "GPUPACE_CHECK_RESTARTED", "GPUPACE_COMMIT", "GPUPACE_FIGURES"}
 
 
-@dataclass(kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class PaceConfig:
+    """Pacing settings, validated once when made and frozen then (a field set afterwards
+    would skip the checks, and a pacer reads its settings on every call): `replace` gives a
+    changed copy."""
+
     mode: str | None = None
     """`off`: no measuring, no delay; `observe`: measure and report, never delay; `pace`: delay early ranks."""
 

@@ -115,3 +115,16 @@ def test_replace_keeps_resolved_values_and_rejects_unknown_fields():
         cfg.replace(gian=0.5)
     with pytest.raises(TypeError):
         PaceConfig(gian=0.5)
+
+
+def test_a_config_is_frozen_once_validated():
+    """A field set afterwards would skip the checks (cap_fraction 50, a mode 'Pace'), and a
+    live pacer reads its settings on every call: a changed copy comes from `replace`."""
+    import dataclasses
+
+    c = PaceConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.cap_fraction = 50.0
+    with pytest.raises(ValueError, match="cap_fraction"):
+        c.replace(cap_fraction=50.0)
+    assert c.replace(gain=0.5).gain == 0.5 and c.gain != 0.5
