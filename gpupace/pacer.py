@@ -292,13 +292,27 @@ class Pacer:
         return self._engine.next_delays()
 
     def attach(self, ddp_model) -> None:
-        """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`."""
+        """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`. The hook
+        reduces over the pacer's group, so that must be the model's: a DDP model on a
+        data-parallel subgroup (tensor or pipeline parallelism beside it) needs
+        `Pacer(..., group=ddp_model.process_group)`, or its gradients would be averaged with
+        other shards'."""
         from .integrations.ddp import ddp_comm_hook
         self.check_group()
         if not callable(getattr(ddp_model, "register_comm_hook", None)):
             raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "
                             f"got {type(ddp_model).__name__}: wrap it first, "
                             f"DistributedDataParallel(model)")
+        theirs = getattr(ddp_model, "process_group", None)
+        if theirs is not None:
+            ours = self.group if self.group is not None else dist.group.WORLD
+            mine, model = dist.get_process_group_ranks(ours), dist.get_process_group_ranks(theirs)
+            if mine != model:
+                raise ValueError(
+                    f"the DDP model reduces over ranks {_ranks_text(model)} and this pacer over "
+                    f"{_ranks_text(mine)}: build it with Pacer(..., group="
+                    f"ddp_model.process_group), or the paced gradients would be averaged over "
+                    f"the wrong ranks")
         ddp_model.register_comm_hook(self, ddp_comm_hook)
 
     def close(self) -> None:
@@ -322,3 +336,7 @@ class Pacer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return str(ranks) if len(ranks) <= 8 else f"[{ranks[0]}, {ranks[1]}, ... {ranks[-1]}] ({len(ranks)})"

@@ -136,6 +136,45 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
     assert all(len(r.earliness_us) == 2 for r in tel.records)
 
 
+def _ddp_on_a_subgroup(rank, world):
+    """Two data-parallel pairs, {0, 1} and {2, 3}, as beside tensor parallelism."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    dp = pairs[rank // 2]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    plain = torch.nn.Linear(8, 4)
+    plain.load_state_dict(model.state_dict())
+    ddp = DDP(model, process_group=dp)
+    try:
+        Pacer(PaceConfig(mode="observe")).attach(ddp)  # the world's group: refused
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0), group=dp)
+    pacer.attach(ddp)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
+    ddp(x).sum().backward()
+    pacer.step()
+    plain(x).sum().backward()
+    mean = plain.weight.grad.clone()
+    dist.all_reduce(mean, group=dp)  # the pair's mean, not the world's
+    mean /= 2
+    return refused, torch.allclose(model.weight.grad, mean), pacer.world_size
+
+
+def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
+    """A DDP model on a data-parallel subgroup: the hook would average its gradients over the
+    pacer's group (the world), with other shards'. Refused, naming both; on the model's group
+    it paces and the gradients are the pair's mean."""
+    for rank, (refused, mean_of_pair, world) in enumerate(run_ranks(_ddp_on_a_subgroup, 4)):
+        assert refused is not None and "group=ddp_model.process_group" in refused, refused
+        pair = "[0, 1]" if rank < 2 else "[2, 3]"
+        assert f"reduces over ranks {pair}" in refused and "over [0, 1, 2, 3]" in refused
+        assert mean_of_pair and world == 2
+
+
 def _widths(rank, world):
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, max_sites=16))
     seen = []
