@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .agree import check_ranks_agree
-from .backends import BACKENDS, device_backend_missing
+from .backends import BACKENDS, device_backend_missing, group_backend
 from .backends.host import HostEngine
 from .config import PaceConfig
 from .summary import Summary, summarize
@@ -61,7 +61,7 @@ class Pacer:
         if dist.is_available() and dist.is_initialized():
             self.rank = dist.get_rank(group)
             self.world_size = dist.get_world_size(group)
-            pg_backend = str(dist.get_backend(group)).lower()
+            pg_backend = group_backend(group)
         elif group is not None:
             raise ValueError("a process group was given but torch.distributed is not initialized")
         else:

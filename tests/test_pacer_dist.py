@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from gpupace import PaceConfig, Pacer
 from gpupace.launch import run_ranks
-from gpupace.telemetry import read_telemetry
+from gpupace.telemetry import read_header, read_telemetry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -358,15 +358,37 @@ def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
         assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]
 
 
-def test_host_backend_on_an_nccl_group_warns(monkeypatch, tmp_path):
-    """The CPU build has no NCCL: a one-rank gloo group stands in, reporting itself as nccl."""
+@pytest.mark.parametrize("name, cuda", [("nccl", False), ("cpu:gloo,cuda:nccl", False),
+                                        ("undefined", True)])
+def test_host_backend_on_an_nccl_group_warns(monkeypatch, tmp_path, name, cuda):
+    """The CPU build has no NCCL: a one-rank gloo group stands in, reporting itself as nccl,
+    as a mixed group, or as torch's "undefined" (no backend named, CUDA there: NCCL runs the
+    CUDA collectives). Each is recorded as nccl."""
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: name)
+        if cuda:
+            monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         with pytest.warns(RuntimeWarning, match="stamps when collectives are enqueued.*"
                                                 "the device backend cannot run here"):
-            Pacer(PaceConfig())
+            pacer = Pacer(PaceConfig(telemetry_path=str(tmp_path / "t.jsonl")))
+        pacer.close()
+        assert pacer.backend == "host"
+        assert read_header(tmp_path / "t.jsonl")["process_group_backend"] == "nccl"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_gloo_group_and_an_undefined_one_without_cuda_are_not_nccl(monkeypatch, tmp_path):
+    from gpupace.backends import group_backend
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        assert group_backend(None) == "gloo"
+        monkeypatch.setattr(dist, "get_backend", lambda group=None: "undefined")
+        assert group_backend(None) == "undefined"  # no CUDA here: gloo runs everything
     finally:
         dist.destroy_process_group()
 

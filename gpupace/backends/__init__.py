@@ -6,6 +6,20 @@ from __future__ import annotations
 BACKENDS = ("auto", "host", "device")
 
 
+def group_backend(group) -> str:
+    """The backend of `group` as the pacer needs it: "nccl" when its collectives on CUDA
+    tensors run on NCCL (an "nccl" group; a mixed one, "cpu:gloo,cuda:nccl"; or one made
+    without naming a backend on a machine with CUDA, which torch calls "undefined" and gives
+    gloo for CPU tensors and NCCL for CUDA ones), else its name ("gloo", "mpi", ...)."""
+    import torch
+    import torch.distributed as dist
+
+    name = str(dist.get_backend(group)).lower()
+    if "nccl" in name or (name == "undefined" and torch.cuda.is_available()):
+        return "nccl"
+    return name
+
+
 def device_backend_missing() -> str | None:
     """Why the device backend cannot run here, or None when it can."""
     try:
