@@ -89,6 +89,7 @@ class Pacer:
         self._names_this_step: list[str] = []
         self._sites_this_step = 0  # paced collectives since the last step()
         self._sites_last_step = 0
+        self._sites_most = 0  # the most paced collectives seen in one step
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
@@ -204,11 +205,14 @@ class Pacer:
         self._sites_this_step += 1
         if len(self._names_this_step) < self.config.max_sites:  # bounded if step() never comes
             self._names_this_step.append(name)
-        elif self._sites_this_step == MISSING_STEP_FACTOR * self.config.max_sites:
+        elif self._sites_this_step == MISSING_STEP_FACTOR * max(self.config.max_sites,
+                                                                self._sites_most):
             self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced collectives "
                             "since the last pacer.step(): call pacer.step() once per training "
                             "step, on every rank, after the step's collectives. Without it "
-                            "nothing is exchanged, paced or recorded.")
+                            "nothing is exchanged, paced or recorded. (If one training step "
+                            "really has that many, raise max_sites: only the first "
+                            f"{self.config.max_sites} of a step are timed and paced.)")
         return self._engine.arrive()
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -233,6 +237,12 @@ class Pacer:
                             f"the last step() (the step before had {self._sites_last_step}): "
                             "call it once per training step, after the step's collectives, not "
                             "per micro-batch. Such a step records nothing.")
+        if self._sites_this_step > self.config.max_sites:
+            self._warn_once("max_sites", f"gpupace: {self._sites_this_step} paced collectives "
+                            f"in this step, and only the first {self.config.max_sites} are "
+                            "timed and paced: raise max_sites (GPUPACE_MAX_SITES) to pace "
+                            "them all")
+        self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
         record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)

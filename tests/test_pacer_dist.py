@@ -404,7 +404,9 @@ def test_misuse_of_step_and_close_warns_once_each():
             with pacer.site("grads"):
                 pass
     assert seen[0].filename == __file__  # the user's line, not gpupace's or contextlib's
-    pacer.step()
+    with pytest.warns(RuntimeWarning, match=r"20 paced collectives in this step, and only the "
+                                            r"first 2 are timed and paced: raise max_sites"):
+        pacer.step()
     assert pacer.site_names == ["grads", "grads"]  # at most max_sites names
     with pacer.site("grads"):
         pass
@@ -424,6 +426,25 @@ def test_misuse_of_step_and_close_warns_once_each():
         with pacer.site("grads"):
             pass
         pacer.step()
+
+
+def test_a_step_with_more_collectives_than_max_sites_is_told_once_not_as_a_missing_step():
+    """A large model's buckets outnumber max_sites: after the first step() the count that
+    means "step() forgotten" follows the most seen in a step, so only the max_sites warning
+    comes, once."""
+    pacer = Pacer(PaceConfig(warmup_steps=0, max_sites=4))
+    with pytest.warns(RuntimeWarning) as seen:
+        for _ in range(3):
+            for _ in range(12):  # 12 a step: under 4 x 4 before the first step() too
+                with pacer.site("bucket"):
+                    pass
+            pacer.step()
+    said = [str(w.message) for w in seen]
+    assert len(said) == 1 and "12 paced collectives in this step" in said[0], said
+    with pytest.warns(RuntimeWarning, match="48 paced collectives since the last pacer.step"):
+        for _ in range(48):  # four steps' worth without step(): forgotten
+            with pacer.site("bucket"):
+                pass
 
 
 def test_attach_names_a_model_that_is_not_ddp():
