@@ -98,3 +98,16 @@ def test_warm_up_steps_are_kept_out_of_the_regimes_and_the_coupling():
     for d in (with_warmup, without):
         assert _mode(d, "runtime_jitter").evidence["regime_switching"] is False
         assert _mode(d, "sync_amplification").evidence["coupling_index"] == 0.0
+
+
+@pytest.mark.parametrize("spp, unit", [(None, "steps/s"), (1.0, "steps/s"), (32.0, "samples/s")])
+def test_throughput_is_in_samples_only_when_a_step_has_more_than_one(spp, unit):
+    """A Pacer writes samples_per_step 1.0 unless told: its throughput is steps/s, as its own
+    summary() says."""
+    from gpupace.report.html import run_summary
+
+    e = np.random.default_rng(0).exponential(100.0, size=(40, 4))
+    run = _run(e, np.full(40, 1e5), np.full(40, 300.0))
+    if spp is not None:
+        run.header["samples_per_step"] = spp
+    assert run_summary(run, diagnose(run))["throughput_unit"] == unit

@@ -3,9 +3,9 @@ the change of each summary figure, as the summary table's change columns, the CL
 comparison lines and findings.json's `comparisons`.
 
 Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe, off, or a
-simulated run without the policy), in the order given, so that `gpupace demo`'s
-baseline-1, baseline-2, paced-1, paced-2 compare as paced-1 vs baseline-1 and paced-2 vs
-baseline-2. Two runs that are not a baseline and a paced run (two world sizes, two
+simulated run without the policy) of the same world size (and simulated scenario), in the
+order given, so that `gpupace demo`'s baseline-1, baseline-2, paced-1, paced-2 compare as
+paced-1 vs baseline-1 and paced-2 vs baseline-2. Two runs that are not a baseline and a paced run (two world sizes, two
 machines) compare as the second against the first; more such runs are not compared.
 """
 
@@ -42,12 +42,26 @@ CLI_KEYS = ("throughput", "step_time_mean", "step_time_p99", "step_time_cv", "sp
 
 
 def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
-    """(baseline index, compared index) for each comparison the report shows."""
+    """(baseline index, compared index) for each comparison the report shows: within each
+    kind of run (`kind`), the k-th paced run against the k-th unpaced one."""
     base = [i for i, r in enumerate(runs) if r.mode != "pace"]
     paced = [i for i, r in enumerate(runs) if r.mode == "pace"]
     if base and paced:
-        return list(zip(base, paced, strict=False))
+        out = []
+        for k in dict.fromkeys(kind(runs[i]) for i in paced):
+            out += zip([i for i in base if kind(runs[i]) == k],
+                       [i for i in paced if kind(runs[i]) == k], strict=False)
+        return sorted(out, key=lambda pair: pair[1])
     return [(0, 1)] if len(runs) == 2 else []
+
+
+def kind(run: Run) -> tuple:
+    """What a paced run and its baseline share: the world size and, for simulated runs, the
+    scenario (preset, seed, steps). Runs of 16 and 32 ranks never compare as paced and
+    baseline."""
+    sim = run.header.get("sim")
+    sim = sim if isinstance(sim, dict) else {}
+    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps")
 
 
 def _num(v: Any) -> float | None:

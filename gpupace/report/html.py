@@ -60,7 +60,7 @@ def run_summary(run: Run, diag: Diagnosis) -> dict[str, Any]:
     spp = run.samples_per_step
     recs = _records_view(run)
     s = summarize(recs, run.world_size, spp or 1.0)
-    s["throughput_unit"] = "samples/s" if spp else "steps/s"
+    s["throughput_unit"] = "samples/s" if spp and spp != 1 else "steps/s"  # as summary.py
     s["steps"] = run.steps  # all read; the figures leave out the warm-up
     s.pop("units", None)
     s.update({k: v for k, v in diag.summary.items() if k not in s})
