@@ -111,3 +111,37 @@ def test_throughput_is_in_samples_only_when_a_step_has_more_than_one(spp, unit):
     if spp is not None:
         run.header["samples_per_step"] = spp
     assert run_summary(run, diagnose(run))["throughput_unit"] == unit
+
+
+def test_a_last_rank_share_of_few_clear_steps_says_how_few():
+    """Rank 3 is 5 ms late in ~8% of 400 steps, the rest have a spread of noise (no clear
+    last rank): it was last in all the clear steps, which the headline must not call 100% of
+    the steps; the rotation of late ranks counts those same steps, not the noise's ties."""
+    from gpupace.report.ranks import clear_last
+    from gpupace.report.text import headline
+
+    rng = np.random.default_rng(3)
+    e = rng.normal(0.0, 20.0, size=(400, 8))
+    hit = rng.random(400) < 0.08
+    e[hit, 3] -= 5000.0
+    e -= e.min(axis=1, keepdims=True)
+    run = _run(e, 100_000.0 + np.ptp(e, axis=1) + rng.normal(0.0, 100.0, 400),
+               np.full(400, 3000.0))
+    d = diagnose(run)
+    clear = int(clear_last(run).sum())
+    assert clear == int(hit.sum())
+    assert f"rank 3 last in 100% of the {clear} steps with a clear last rank (400 measured)" \
+        in headline(d)
+    amp = _mode(d, "sync_amplification")
+    # (was 0.997, from 344 steps of noise-level spread)
+    assert amp.evidence["late_rank_rotation"] == 0.0
+    assert amp.evidence["steps_with_spread_excess"] <= clear
+
+
+def test_a_rank_last_in_a_few_clear_steps_is_not_persistent():
+    from gpupace.report.ranks import MIN_CLEAR_STEPS, late_rank
+
+    e = np.zeros((200, 4))  # all ranks together: no clear last rank
+    e[:MIN_CLEAR_STEPS - 1] = [3000.0, 0.0, 2500.0, 2800.0]  # but in 9 steps, rank 1
+    lr = late_rank(_run(e, np.full(200, 1e5), np.full(200, 300.0)))
+    assert lr["rank"] == 1 and lr["last_fraction"] == 1.0 and not lr["persistent"]

@@ -22,6 +22,7 @@ from .load import Run
 
 CLEAR_LAST = 0.01  # a step's last rank counts when the spread is above this x the median step
 TOP_RANKS = 5  # ranks named by cost
+MIN_CLEAR_STEPS = 10  # steps with a clear last rank before one can be called persistent
 # Steps per block when the costs are computed: bounds the temporary copies of a long run with
 # many ranks (4096 ranks x 100k steps is 3.3 GB a copy).
 BLOCK_VALUES = 1 << 22
@@ -105,8 +106,8 @@ def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | No
     """The rank most often last: how often (of the measured steps with a clear last rank) and
     by how much (its median lateness behind the median rank). `persistent` when it is last
     at least halfway between chance and always: (1 + 1/N) / 2 of them, 75% at 2 ranks, just
-    over half at many (twice chance, the rule before, asked 100% of 2 ranks). None when no
-    step has a clear last."""
+    over half at many (twice chance, the rule before, asked 100% of 2 ranks), over at least
+    MIN_CLEAR_STEPS of them. None when no step has a clear last."""
     hist = last_counts(run)
     if not hist.any():
         return None
@@ -117,7 +118,8 @@ def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | No
     behind = float(offset[r]) if r < offset.size else float("nan")
     return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
             "steps_with_clear_last": int(hist.sum()), "behind_median_us": behind,
-            "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0)}
+            "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0
+                               and hist.sum() >= MIN_CLEAR_STEPS)}
 
 
 def last_leads(e: np.ndarray, last: np.ndarray) -> np.ndarray:

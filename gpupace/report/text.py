@@ -22,17 +22,21 @@ def headline(d: Diagnosis) -> str:
         who = "no step with a clear last rank"
     else:
         pct = 100 * lr["last_fraction"]
+        clear, measured = lr["steps_with_clear_last"], s.get("measured_steps", 0)
+        # A share of few steps must say how few (the others had no spread worth a last rank).
+        of = "of steps" if clear >= 0.9 * measured else \
+            f"of the {clear} steps with a clear last rank ({measured} measured)"
         if lr["persistent"]:
             behind = lr["behind_median_us"]
             # of two ranks the lateness is behind the other one (no median to speak of)
             other = "the other rank" if s.get("world_size") == 2 else "the median rank"
             by = f", typically {behind / 1e3:.1f} ms behind {other}" \
-                if math.isfinite(behind) and behind > 0 else ""
-            who = f"rank {lr['rank']} last in {pct:.0f}% of steps{by}"
+                if math.isfinite(behind) and behind >= 50.0 else ""  # shown as >= 0.1 ms
+            who = f"rank {lr['rank']} last in {pct:.0f}% {of}{by}"
         else:
             chance = 100 / max(int(s.get("world_size") or 1), 1)
             who = (f"no persistently late rank (most often rank {lr['rank']}: last in "
-                   f"{pct:.0f}% of steps, {chance:.0f}% by chance)")
+                   f"{pct:.0f}% {of}, {chance:.0f}% by chance)")
     # The largest share among the "likely" modes, else among the "possible" ones: a mode
     # with a larger share and weak evidence does not outrank one with strong evidence.
     named = [m for m in d.modes if m.share > 0]
