@@ -248,6 +248,7 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
     """Given in an order that pairs by position would get wrong (8 ranks' paced run against
     4 ranks' baseline), each paced run meets the baseline of its world size."""
     from gpupace.report.compare import pairs
+    from gpupace.report.plots import cdf_title
 
     runs = load_runs([_telemetry(sim_dir, "quiet", n, 4, 1, policy, f"{policy}-{n}", steps=100)[0]
                       for n, policy in ((1, "none"), (2, "none"), (2, "gpupace"), (1, "gpupace"))])
@@ -256,6 +257,9 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
                                           (by_label["none-1"], by_label["gpupace-1"])])
     lone = [r for r in runs if r.label != "none-1"]  # the 4-rank paced run has no baseline
     assert [(lone[i].label, lone[j].label) for i, j in pairs(lone)] == [("none-2", "gpupace-2")]
+    two = [by_label["none-2"], by_label["gpupace-1"]]  # two runs given: the second vs the first
+    assert pairs([runs[i] for i in two]) == [(0, 1)]
+    assert cdf_title([runs[i] for i in two]).endswith("gpupace-1 vs none-2")
 
 
 def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):

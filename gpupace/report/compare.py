@@ -5,8 +5,9 @@ comparison lines and findings.json's `comparisons`.
 Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe, off, or a
 simulated run without the policy) of the same world size (and simulated scenario), in the
 order given, so that `gpupace demo`'s baseline-1, baseline-2, paced-1, paced-2 compare as
-paced-1 vs baseline-1 and paced-2 vs baseline-2. Two runs that are not a baseline and a paced run (two world sizes, two
-machines) compare as the second against the first; more such runs are not compared.
+paced-1 vs baseline-1 and paced-2 vs baseline-2. Two runs without such a pair (two world
+sizes, two machines) compare as the second against the first; more such runs are not
+compared.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
     kind of run (`kind`), the k-th paced run against the k-th unpaced one."""
     base = [i for i, r in enumerate(runs) if r.mode != "pace"]
     paced = [i for i, r in enumerate(runs) if r.mode == "pace"]
-    if base and paced:
-        out = []
-        for k in dict.fromkeys(kind(runs[i]) for i in paced):
-            out += zip([i for i in base if kind(runs[i]) == k],
-                       [i for i in paced if kind(runs[i]) == k], strict=False)
+    out = []
+    for k in dict.fromkeys(kind(runs[i]) for i in paced):
+        out += zip([i for i in base if kind(runs[i]) == k],
+                   [i for i in paced if kind(runs[i]) == k], strict=False)
+    if out:
         return sorted(out, key=lambda pair: pair[1])
     return [(0, 1)] if len(runs) == 2 else []
 
