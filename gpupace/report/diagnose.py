@@ -264,7 +264,8 @@ def _diagnose(run: Run) -> Diagnosis:
     strag = run.straggler[ok]
 
     # -- locality: steady offsets
-    offset, consistency, noise, loc_steps = locality_offsets(run, run.step >= run.warmup_steps)
+    past_warmup = run.step >= run.warmup_steps
+    offset, consistency, noise, loc_steps = locality_offsets(run, past_warmup)
     p50 = float(np.median(st))
     # An offset must stand out of its median's standard error (1.25 sigma / sqrt n, over the
     # steps the rank was known in) and matter.
@@ -329,7 +330,6 @@ def _diagnose(run: Run) -> Diagnosis:
 
     # Regimes are found on the recorded transfer (two clean levels); a step time whose
     # window touches a high step gets the jump between the levels.
-    past_warmup = run.step >= run.warmup_steps
     regime, hi_measured, reg_info = _regimes(run.transfer[past_warmup])
     hi_raw = np.zeros(run.steps, dtype=bool)
     hi_raw[past_warmup] = hi_measured
