@@ -218,7 +218,10 @@ def interleave(
     from a shared machine hits all of them alike and sample i of each variant is a fair pair.
     `before` runs untimed before every timed call (e.g. a barrier); `prepare[k]` untimed before
     each call of variant k (e.g. writing its inputs afresh, as a collective would). The rotation depends only
-    on the repeat index, so ranks running the same loop issue the same collectives in order."""
+    on the repeat index, so ranks running the same loop issue the same collectives in order.
+    It moves where a round starts, not the cycle: each variant always runs right after the
+    same other one, whose code and data it may find warm. Where that matters, `prepare` must
+    cool the cache itself (bench/cpu_policy does)."""
     names = list(fns)
     out = {k: np.empty(repeats) for k in names}
     clock = time.perf_counter_ns

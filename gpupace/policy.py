@@ -83,9 +83,8 @@ class PolicyState:
     above: np.ndarray  # [S] consecutive steps with spread above threshold
     below: np.ndarray  # [S] consecutive steps with spread below release
     step: int  # updates done
-    # The fused update's output buffers, reused by every `update_in_place` on this state
-    # (not copied): at 4096 x 4 a fresh 256 KB of outputs a step cost ~11 us on a cold cache.
-    outputs: _Outputs | None = field(default=None, repr=False, compare=False)
+    # The fused kernel's arguments and output buffers for this state (see `_Plan`).
+    plan: _Plan | None = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -93,7 +92,7 @@ class PolicyState:
 
     def copy(self) -> PolicyState:
         """A deep copy that keeps each array's memory order (without the output buffers)."""
-        values = (getattr(self, f.name) for f in fields(self) if f.name != "outputs")
+        values = (getattr(self, f.name) for f in fields(self) if f.name != "plan")
         return PolicyState(*(v.copy(order="K") if isinstance(v, np.ndarray) else v for v in values))
 
 
@@ -101,7 +100,6 @@ class PolicyState:
 class StepStats:
     """What one update measured and decided. Per-site arrays are [S]; per-rank ones [N, S]."""
 
-    earliness: np.ndarray  # [N, S] E_i, 0 for invalid ranks
     spread: np.ndarray  # [S] arrival spread max E (NaN with fewer than 2 valid ranks)
     residual: np.ndarray  # [S] entry spread after pacing, max w - min w
     straggler: np.ndarray  # [S] int, last natural arrival, argmin (w + d); -1 if unknown
@@ -110,6 +108,19 @@ class StepStats:
     cap_us: float  # bound on one delay at this step
     delay: np.ndarray  # [N, S] next delays (same array as the new state's)
     active: np.ndarray  # [S] bool
+    lowest: np.ndarray  # [S] min (w + d) over the valid ranks, the last arrival's; NaN if none
+    wait: np.ndarray  # [N, S] the measurements the update read (the caller's arrays or views)
+    applied: np.ndarray  # [N, S] the delays they were taken with (`delay` of `update`)
+
+    def earliness(self, site: int | None = None) -> np.ndarray:
+        """E_i = w_i + d_i - lowest, [N, S] or, for one site, [N]; NaN for invalid ranks.
+        Computed here, on demand, from the update's inputs (read them before they change):
+        the update itself needs only the ranks it updates, and a telemetry record one site."""
+        cols = slice(None) if site is None else site
+        with np.errstate(invalid="ignore"):
+            e = self.wait[:, cols] + self.applied[:, cols] - self.lowest[cols]
+        e[~self.valid] = np.nan
+        return e
 
 
 def safety_z(overshoot_risk: float, n_ranks: int) -> float:
@@ -155,8 +166,8 @@ def update(
     run) runs the Numba kernel of `policy_fast`; otherwise the NumPy `update_reference`, the
     same arithmetic, which spares a small job that never asked for the kernel Numba's compile
     (~8 s on a first run on a machine). `rank`: update the state and next delays of
-    that rank alone, all a pacer needs of them (the per-site statistics and every rank's
-    earliness are computed in full either way); the other ranks' state rows keep their old
+    that rank alone, all a pacer needs of them (the per-site statistics are computed in full
+    either way); the other ranks' state rows keep their old
     values and their delays are 0."""
     if not (_fused_by_default(state) if fused is None else fused):
         return update_reference(params, state, wait, delay, step_us, rank=rank)
@@ -175,9 +186,9 @@ def update_in_place(
 ) -> StepStats:
     """`update` that overwrites `state` instead of copying it: what the host backend (with its
     `rank`) and the simulator (every rank) call every step, so that large jobs pay no copies.
-    The returned arrays are buffers kept on `state` (`PolicyState.outputs`): the next
+    The returned arrays are buffers kept on `state` (`PolicyState.plan`): the next
     `update_in_place` on it overwrites them. Copy what must outlive the step."""
-    if _fused_by_default(state):
+    if _fused_ready or state.floor.size >= FUSED_MIN_ELEMENTS:
         return _update_fused(params, state, wait, delay, step_us, rank)
     new_state, stats = update_reference(params, state, wait, delay, step_us, rank=rank)
     for f in fields(PolicyState):
@@ -209,80 +220,79 @@ def _fused_by_default(state: PolicyState) -> bool:
 
 def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us,
                   rank: int | None) -> StepStats:
+    # Once a training step, on a cold cache, every line of Python here costs ~0.5-1 us: the
+    # usual step only tests that the plan still fits (same params, rank and state arrays) and
+    # that the inputs are arrays of the state's shape, then calls the kernel with the plan's
+    # arguments. At 4096 x 4 on the 2-core VM, all this Python around the kernel's call cost
+    # 23-26 us in three interleaved cold rounds. Dtypes are left to the kernel's one
+    # signature: a TypeError sends other ones through the conversion below.
     if not _fused_ready:
         prepare_fused()
-    floor, calm, mean, var = state.floor, state.calm, state.mean, state.var
-    n, s = floor.shape
-    # The kernel has one signature (`policy_fast.SIGNATURE`): float64 inputs, strided or not,
-    # and a Fortran-ordered state, which it reads site-major as [S, N] transposes. The usual
-    # case is told by cheap attribute tests: each Python step costs ~0.5 us on a cold cache,
-    # as it is once a training step.
-    if not (type(wait) is np.ndarray and type(delay) is np.ndarray
-            and type(step_us) is np.ndarray and wait.dtype is _F64 and delay.dtype is _F64
-            and step_us.dtype is _F64 and wait.shape == delay.shape == (n, s)
-            and step_us.shape == (n,)):
+    plan = state.plan
+    if not (plan is not None and plan.params is params and plan.rank == rank
+            and plan.floor is state.floor and plan.calm is state.calm
+            and plan.mean is state.mean and plan.var is state.var
+            and plan.active is state.active and plan.above is state.above
+            and plan.below is state.below):
+        plan = state.plan = _Plan.make(params, state, rank)
+    if not (type(wait) is type(delay) is type(step_us) is np.ndarray
+            and wait.shape == delay.shape == plan.shape and step_us.shape == plan.ranks):
         wait, delay, step_us = _inputs(state, wait, delay, step_us)
-    if rank is None:
-        only = -1
-    else:
-        _check_rank(rank, n)
-        only = int(rank)
-    fortran = (8, 8 * n)
-    if not (floor.strides == mean.strides == var.strides == calm.strides == fortran
-            and calm.dtype is _I64):
-        for name in ("floor", "calm", "mean", "var"):
-            setattr(state, name, np.asfortranarray(getattr(state, name)))
-        state.calm = state.calm.astype(np.int64, copy=False)
-        floor, calm, mean, var = state.floor, state.calm, state.mean, state.var
-    out = state.outputs
-    if out is None or out.per_rank.shape != (2, s, n):
-        out = state.outputs = _Outputs.for_shape(n, s)
-    if only != out.only:  # the kernel writes `only`'s delays alone: the others must be 0
-        out.per_rank[1] = 0.0
-        out.only = only
-    kernel_state = (_as_array(params), floor.T, calm.T, mean.T, var.T, state.active,
-                    state.above, state.below, state.step)
-    outputs = (out.per_rank, out.valid, out.per_site, out.straggler, only)
     try:
-        cap, state.step = fused_update(*kernel_state, wait, delay, step_us, *outputs)
-    except TypeError:  # read-only or unaligned inputs, which the signature does not take
+        cap, state.step = fused_update(*plan.head, state.step, wait, delay, step_us, *plan.tail)
+    except TypeError:  # other dtypes, read-only or unaligned inputs: the signature has none
         wait, delay, step_us = (np.array(a, dtype=np.float64) for a in (wait, delay, step_us))
-        cap, state.step = fused_update(*kernel_state, wait, delay, step_us, *outputs)
-    per_site = out.per_site
-    state.delay = out.per_rank[1].T
-    return StepStats(earliness=out.per_rank[0].T, spread=per_site[0], residual=per_site[1],
-                     straggler=out.straggler, transfer=per_site[2], valid=out.valid,
-                     cap_us=float(cap), delay=state.delay, active=state.active.copy())
+        cap, state.step = fused_update(*plan.head, state.step, wait, delay, step_us, *plan.tail)
+    per_site = plan.per_site
+    state.delay = plan.delay
+    return StepStats(per_site[0], per_site[1], plan.straggler, per_site[2], plan.valid,
+                     float(cap), plan.delay, state.active.copy(), per_site[3], wait, delay)
 
 
-@dataclass(slots=True)
-class _Outputs:
-    """The fused kernel's outputs for one state: earliness and next delays, [N, S] views of
-    `per_rank` [2, S, N]; spread, residual and transfer in `per_site` [3, S]. `only`: the rank
-    (-1: every rank) whose delays the last update wrote; every other delay is 0."""
+@dataclass(slots=True, eq=False)
+class _Plan:
+    """The fused kernel's arguments for one state and `rank`, made once and reused while they
+    fit: the state arrays it was made for (Fortran-ordered [N, S], which the kernel reads as
+    [S, N] transposes, in `head`) and the output buffers, reused by every update (not copied:
+    at 4096 x 4 a fresh 256 KB of outputs a step cost ~11 us on a cold cache). `delay` [N, S]
+    is a view of the kernel's [S, N] buffer; spread, residual, transfer and lowest are the
+    rows of `per_site` [4, S]. With a `rank`, the kernel writes that rank's delays alone and
+    every other delay stays 0."""
 
-    per_rank: np.ndarray
+    params: PolicyParams
+    rank: int | None
+    floor: np.ndarray
+    calm: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    active: np.ndarray
+    above: np.ndarray
+    below: np.ndarray
+    shape: tuple[int, int]  # (N, S) of the inputs
+    ranks: tuple[int]  # (N,) of the step times
+    head: tuple  # the kernel's arguments before the step count
+    tail: tuple  # its arguments after the inputs: outputs and the rank
+    delay: np.ndarray
     per_site: np.ndarray
     valid: np.ndarray
     straggler: np.ndarray
-    only: int
 
     @classmethod
-    def for_shape(cls, n: int, s: int) -> _Outputs:
-        return cls(np.zeros((2, s, n)), np.empty((3, s)), np.empty(n, dtype=bool),
-                   np.empty(s, dtype=np.int64), -1)
-
-
-_F64, _I64 = np.dtype(np.float64), np.dtype(np.int64)
-_params_array: tuple[PolicyParams | None, np.ndarray] = (None, np.empty(0))
-
-
-def _as_array(params: PolicyParams) -> np.ndarray:
-    """`params` as the float64 array the kernel takes, made once per (immutable) params."""
-    global _params_array
-    if _params_array[0] is not params:
-        _params_array = (params, np.array(params, dtype=np.float64))
-    return _params_array[1]
+    def make(cls, params: PolicyParams, state: PolicyState, rank: int | None) -> _Plan:
+        n, s = state.floor.shape
+        _check_rank(rank, n)
+        for name in ("floor", "calm", "mean", "var"):
+            setattr(state, name, np.asfortranarray(getattr(state, name)))
+        state.calm = state.calm.astype(np.int64, copy=False)
+        delay = np.zeros((s, n))
+        per_site, valid = np.empty((4, s)), np.empty(n, dtype=bool)
+        straggler = np.empty(s, dtype=np.int64)
+        head = (np.array(params, dtype=np.float64), state.floor.T, state.calm.T, state.mean.T,
+                state.var.T, state.active, state.above, state.below)
+        tail = (delay, valid, per_site, straggler, -1 if rank is None else int(rank))
+        return cls(params, rank, state.floor, state.calm, state.mean, state.var, state.active,
+                   state.above, state.below, (n, s), (n,), head, tail, delay.T, per_site,
+                   valid, straggler)
 
 
 def _check_rank(rank: int | None, n_ranks: int) -> None:
@@ -331,8 +341,8 @@ def update_reference(
     n_valid = int(valid.sum())
     arrival[~valid] = np.inf
     if n_valid >= 2:
-        earliest_exit = arrival.min(axis=0)  # min_j (w_j + d_j)
-        earliness = np.where(valid[:, None], arrival - earliest_exit, 0.0)
+        lowest = arrival.min(axis=0)  # min_j (w_j + d_j)
+        earliness = np.where(valid[:, None], arrival - lowest, 0.0)
         spread = earliness.max(axis=0)
         straggler = arrival.argmin(axis=0)
         w_valid = np.where(valid[:, None], w, np.nan)
@@ -340,6 +350,7 @@ def update_reference(
         transfer = np.nanmin(w_valid, axis=0)
     else:
         earliness = np.zeros((n, s))
+        lowest = arrival.min(axis=0) if n_valid else np.full(s, np.nan)
         spread = np.full(s, np.nan)
         straggler = np.full(s, -1, dtype=np.int64)
         residual = np.full(s, np.nan)
@@ -412,7 +423,6 @@ def update_reference(
         below=below, step=step_count
     )
     stats = StepStats(
-        earliness=earliness,
         spread=spread,
         residual=residual,
         straggler=straggler,
@@ -421,6 +431,9 @@ def update_reference(
         cap_us=cap,
         delay=next_delay,
         active=active,
+        lowest=lowest,
+        wait=w,
+        applied=d,
     )
     return new_state, stats
 

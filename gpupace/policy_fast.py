@@ -2,22 +2,21 @@
 `gpupace.policy.update_reference`, in a few passes over the matrices instead of ~40 NumPy
 calls. Tests hold it equal to the reference on random inputs.
 
-Layout: the kernel works site-major, on [S, N] C-contiguous matrices, which are the [N, S]
-Fortran-ordered arrays of `PolicyState` seen transposed. Each site's loop over ranks is then
-a contiguous stream of selects rather than branches; the state is updated in place.
-The first pass proves every rank valid from the extremes it takes anyway (the exact per-rank
-test, four comparisons per value, cost ~20 us at 4096 x 4 and runs only when that proof
-fails) and writes w + d into the earliness output, not a scratch matrix.
-Costs on the 2-core VM at 4096 ranks x 4 sites, per update, warm: ~55 us in the kernel, of
-which ~20 us the first pass, ~15 us the median of the step times and ~15 us the earliness and
-delay outputs; on a cold cache, as once a training step, ~40 us more. Around it ~20-40 us of
-Python, half of it Numba's dispatch on the arguments (hence the packed ones: 35 -> 17 took
-192 -> 176 us off a cold update). A pacer needs only its own rank's state (`only`), which
-shrinks the state pass to S elements and leaves the other ranks' delays unwritten (kept at 0
-in reused buffers: 256 KB of fresh outputs and their zeroing cost ~20 us a cold update).
-bench/cpu_policy, with the host backend's strided inputs, after that change: 172, 137 and
-112 us p50 in the three committed full runs of 2026-11-30 (the NumPy reference 2.2 ms in the
-last); quick runs that day ranged from 83 to 172 us as the VM's speed moved.
+Layout: the kernel reads w and d as given, [N, S] (strided columns of the host backend's
+gathered rows), and the state site-major, as [S, N] C-contiguous matrices, which are the
+[N, S] Fortran-ordered arrays of `PolicyState` seen transposed. Each site's loop over ranks is
+then a contiguous stream of selects rather than branches; the state is updated in place.
+The first pass, one read of the rows, takes the per-site extremes and the straggler and
+proves every rank valid from them (the exact per-rank test runs only when that proof fails).
+Nothing per rank is written but the ranks being updated: every rank's earliness is left to
+`StepStats.earliness`, on demand. A pacer updates its own rank only (`only`).
+Costs at 4096 ranks x 4 sites for one pacer on the 2-core VM, each call after a NumPy
+reference update (as after the rest of a training step: caches cold), in one interleaved run
+of 2026-11-30 (/tmp scripts, not kept): ~30 us for Numba's dispatch and the Python around it
+even with a kernel that does nothing, ~35 us more for the first pass, ~25 us for the median
+of the step times. The whole update in bench/cpu_policy: 106 us p50 (quick run), where the
+first version that wrote every rank's earliness and checked its inputs field by field took
+~150 (113-132 against 148-173 in three interleaved rounds, as the VM's speed moved).
 Cold, Numba's dispatch alone is costly: a no-op njit function of 17 arguments took 35 us after
 16 MB of other memory traffic (1.5 us warm), one of 3 arguments 18 us.
 """
@@ -41,7 +40,7 @@ _F, _I = nt.float64, nt.int64
 # 267 us p50 with the copies, 145 us without, in one interleaved run). Contiguous arrays
 # convert to 'A' for free. The state and outputs are the kernel's own, always contiguous.
 SIGNATURE = (_F[::1], _F[:, ::1], _I[:, ::1], _F[:, ::1], _F[:, ::1], nt.boolean[::1],
-             _I[::1], _I[::1], _I, _F[:, :], _F[:, :], _F[:], _F[:, :, ::1], nt.boolean[::1],
+             _I[::1], _I[::1], _I, _F[:, :], _F[:, :], _F[:], _F[:, ::1], nt.boolean[::1],
              _F[:, ::1], _I[::1], _I)
 
 
@@ -57,55 +56,44 @@ def compile_fused() -> None:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def fused_update(params, floor, calm, mean, var, active, above, below, step, w, d, step_us,
-                 per_rank, valid, per_site, straggler, only):
+                 delay, valid, per_site, straggler, only):
     """Updates the state (floor, calm, mean, var [S, N]; active, above, below [S]) in place
-    from the measurements (w, d [N, S], C-contiguous; step_us [N]) and fills the outputs
-    (per_rank [2, S, N]: earliness, then the next delays; valid [N]; per_site [3, S]: spread,
-    residual, transfer; straggler [S]). `params`: `PolicyParams` as float64 [14], in its
-    order. With `only` >= 0, the state and delays of that rank alone (a pacer's own); the
-    other ranks' state rows and delays are not written (the caller keeps those delays at 0:
-    zeroing them every step cost ~10 us at 4096 x 4 on a cold cache). Returns
-    (cap, step + 1). Few arguments, some packed: each one costs the call ~0.5-1 us of
-    Numba's type dispatch, cold, as it is once a training step."""
+    from the measurements (w, d [N, S]; step_us [N]) and fills the outputs (delay [S, N], the
+    next delays; valid [N]; per_site [4, S]: spread, residual, transfer and the lowest w + d,
+    that of the last arrival, from which every rank's earliness follows; straggler [S]).
+    `params`: `PolicyParams` as float64 [14], in its order. With `only` >= 0, the state and
+    delays of that rank alone (a pacer's own); the other ranks' state rows and delays are not
+    written (the caller keeps those delays at 0: zeroing them every step cost ~10 us at
+    4096 x 4 on a cold cache). Returns (cap, step + 1). Few arguments, some packed: each one
+    costs the call ~0.5-1 us of Numba's type dispatch, cold, as it is once a training step."""
     mode, threshold_us, release_us, on_steps, off_steps = params[0], params[1], params[2], \
         params[3], params[4]
     gain, guard_us, max_delay_us, cap_fraction = params[5], params[6], params[7], params[8]
     floor_rise, floor_fall, holdoff_steps = params[9], params[10], params[11]
     safety_z, warmup_steps = params[12], params[13]
-    earliness, delay = per_rank[0], per_rank[1]
-    spread, residual, transfer = per_site[0], per_site[1], per_site[2]
+    spread, residual, transfer, lowest = per_site[0], per_site[1], per_site[2], per_site[3]
     n, s = w.shape
-    # Pass 1, per site: a site-major copy of w + d (the rows arrive rank-major) and the
-    # per-site extremes of w + d and of w over every rank. All ranks are valid on almost every
-    # step; the extremes then prove it (below), and the exact per-rank test runs only if not.
-    # The copy goes into `earliness`, which later passes turn into w + d - min(w + d) in place.
-    lowest, highest = np.empty(s), np.empty(s)
-    wlow, whigh = np.empty(s), np.empty(s)
-    all_valid = _extremes(w, d, earliness, lowest, highest, wlow, whigh)
-    if all_valid:
+    # Pass 1, one read of the rows (rank-major: the cost of the update at 4096 ranks): per
+    # site, the extremes of w + d and of w, and the first rank with the lowest w + d. All
+    # ranks are valid on almost every step; the extremes then prove it (see `_extremes`), and
+    # only if not do the exact per-rank test and a second pass over the valid ranks run.
+    # Nothing per rank is written: a pacer needs its own rank's earliness alone, recomputed
+    # below as w + d - lowest, and a telemetry record one site's (`StepStats.earliness`).
+    highest, wlow, whigh = np.empty(s), np.empty(s), np.empty(s)
+    if _extremes(w, d, lowest, highest, wlow, whigh, straggler):
         valid[:] = True
         n_valid = n
-    else:  # rare: the exact test, then the extremes again over the valid ranks only
+    else:
         n_valid = _validity(w, d, valid)
-        for k in range(s):
-            lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
-            for i in range(n):
-                if valid[i]:
-                    a, x = earliness[k, i], w[i, k]
-                    lo, hi = min(lo, a), max(hi, a)
-                    wmin, wmax = min(wmin, x), max(wmax, x)
-            lowest[k], highest[k], wlow[k], whigh[k] = lo, hi, wmin, wmax
+        _valid_extremes(w, d, valid, lowest, highest, wlow, whigh, straggler)
     for k in range(s):
-        first = -1  # the straggler: the first valid rank with the lowest w + d
-        if n_valid >= 2:
-            for i in range(n):
-                if valid[i] and earliness[k, i] == lowest[k]:
-                    first = i
-                    break
-        straggler[k] = first
+        if n_valid < 2:
+            straggler[k] = -1
         transfer[k] = wlow[k] if n_valid >= 1 else np.nan
         spread[k] = highest[k] - lowest[k] if n_valid >= 2 else np.nan
         residual[k] = whigh[k] - wlow[k] if n_valid >= 2 else np.nan
+        if n_valid == 0:
+            lowest[k] = np.nan
 
     step_count = step + 1
     learning = step_count > warmup_steps and n_valid >= 2
@@ -125,32 +113,21 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
     cap = min(max_delay_us, cap_fraction * typical) if typical == typical else 0.0
     pacing = learning and mode == MODE_PACE
 
-    # Each delay written is written once (`only`'s twice); earliness holds w + d
-    # until a pass below subtracts the site's lowest.
     rank_lo, rank_hi = (0, n) if only < 0 else (only, only + 1)
     total = np.zeros(rank_hi - rank_lo)  # each updated rank's delays over all sites
-    done = not learning or only >= 0  # earliness final before the state pass
-    if done:
-        for k in range(s):
-            if n_valid >= 2:
-                lo = lowest[k]
-                for i in range(n):
-                    earliness[k, i] -= lo
-            else:
-                earliness[k, :] = 0.0
-            delay[k, rank_lo:rank_hi] = 0.0
-    if learning:
-        # Per site, ranks contiguous and branch-free: earliness, calm, floor, mean, variance
-        # and the next delay. Invalid ranks go through too (NaN in, garbage out) and are reset
+    if not learning:
+        delay[:, rank_lo:rank_hi] = 0.0
+    else:
+        # Per site, ranks in a row and branch-free: earliness, calm, floor, mean, variance and
+        # the next delay. Invalid ranks go through too (NaN in, garbage out) and are reset
         # below, which keeps this loop free of per-rank tests.
         keep = 1.0 - floor_rise
         for k in range(s):
-            lo = 0.0 if done else lowest[k]
+            lo = lowest[k]
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
             for i in range(rank_lo, rank_hi):
-                e = earliness[k, i] - lo
-                earliness[k, i] = e
+                e = w[i, k] + d[i, k] - lo
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
                 # Fast down; up only for a rank that has not been late for the holdoff.
                 c = 0 if e <= guard_us else c + 1
@@ -174,15 +151,12 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
                     total[i - rank_lo] += x
                 delay[k, i] = x
     if n_valid < n:
-        for i in range(n):
+        for i in range(rank_lo, rank_hi):
             if not valid[i]:
+                total[i - rank_lo] = 0.0
                 for k in range(s):
-                    earliness[k, i] = 0.0
-                    if rank_lo <= i < rank_hi:
-                        delay[k, i] = 0.0
-                        floor[k, i], calm[k, i], mean[k, i], var[k, i] = 0.0, 0, 0.0, -1.0
-                if rank_lo <= i < rank_hi:
-                    total[i - rank_lo] = 0.0
+                    delay[k, i] = 0.0
+                    floor[k, i], calm[k, i], mean[k, i], var[k, i] = 0.0, 0, 0.0, -1.0
 
     # One rank's delays over all sites must not exceed the cap either.
     if pacing and s > 1:  # with one site, the clamp above already did it
@@ -194,30 +168,48 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _extremes(w, d, arrival, lowest, highest, wlow, whigh):
-    """Fills arrival [S, N] = w + d and the per-site min and max of it and of w; returns
-    whether every value of w and d is valid (0 <= x < ABSURD_US). The test costs a NaN check
-    and one more min per element instead of four comparisons: no NaN in w + d (a NaN or an
-    opposite infinity in either gives one), min w >= 0, min d >= 0 and max(w + d) < ABSURD_US
-    (with both >= 0, each is then below it too). A False may still be all valid (w + d over
-    the bound with each under it): the caller's exact test decides then."""
+def _extremes(w, d, lowest, highest, wlow, whigh, straggler):
+    """Fills the per-site min and max of w + d and of w, and the first rank with the lowest
+    w + d; returns whether every value of w and d is valid (0 <= x < ABSURD_US). The test
+    costs a NaN check and one more min per element instead of four comparisons: no NaN in
+    w + d (a NaN or an opposite infinity in either gives one), min w >= 0, min d >= 0 and
+    max(w + d) < ABSURD_US (with both >= 0, each is then below it too). A False may still be
+    all valid (w + d over the bound with each under it): the caller's exact test decides then."""
     n, s = w.shape
     nan = False
     dmin = np.inf
     for k in range(s):
         lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
+        first = -1
         for i in range(n):
             x, y = w[i, k], d[i, k]
             a = x + y
-            arrival[k, i] = a
             nan |= a != a
+            first = i if a < lo else first
             lo = a if a < lo else lo
             hi = a if a > hi else hi
             wmin = x if x < wmin else wmin
             wmax = x if x > wmax else wmax
             dmin = y if y < dmin else dmin
-        lowest[k], highest[k], wlow[k], whigh[k] = lo, hi, wmin, wmax
+        lowest[k], highest[k], wlow[k], whigh[k], straggler[k] = lo, hi, wmin, wmax, first
     return not nan and dmin >= 0.0 and wlow.min() >= 0.0 and highest.max() < ABSURD_US
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _valid_extremes(w, d, valid, lowest, highest, wlow, whigh, straggler):
+    """`_extremes` over the valid ranks alone (inf, -inf and -1 with none)."""
+    n, s = w.shape
+    for k in range(s):
+        lo, hi, wmin, wmax = np.inf, -np.inf, np.inf, -np.inf
+        first = -1
+        for i in range(n):
+            if valid[i]:
+                x = w[i, k]
+                a = x + d[i, k]
+                first = i if a < lo else first
+                lo, hi = min(lo, a), max(hi, a)
+                wmin, wmax = min(wmin, x), max(wmax, x)
+        lowest[k], highest[k], wlow[k], whigh[k], straggler[k] = lo, hi, wmin, wmax, first
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -431,9 +431,8 @@ def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
         transfer_us=float(stats.transfer[s]),
         straggler=int(stats.straggler[s]),
         active=bool(stats.active.any()),
-        # NaN for a rank whose row the policy found invalid (it gives them 0): not a tie
-        # with the last arrival.
-        earliness_us=np.where(stats.valid, stats.earliness[:, s], np.nan),
+        # NaN for a rank whose row the policy found invalid: not a tie with the last arrival.
+        earliness_us=stats.earliness(s),
         wait_us=_site_sums(w),
         delay_us=_site_sums(d),
         step_times_us=np.array(steps, dtype=np.float64),

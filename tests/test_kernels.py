@@ -209,7 +209,7 @@ def test_reduce_reference_agrees_with_policy(k, data):
     np.testing.assert_allclose(site[3], stats.residual, rtol=1e-6, atol=1e-3, equal_nan=True)
     np.testing.assert_array_equal(out["straggler"][:n_sites], stats.straggler)
     if stats.valid.sum() >= 2:
-        mean_e = stats.earliness[stats.valid].mean(axis=0)
+        mean_e = stats.earliness()[stats.valid].mean(axis=0)
         np.testing.assert_allclose(site[4], mean_e, rtol=1e-5, atol=2e-2)
     assert np.isnan(out["site"][:, n_sites:]).all() and (out["straggler"][n_sites:] == -1).all()
     with np.errstate(invalid="ignore"):

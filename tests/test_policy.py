@@ -36,6 +36,11 @@ def run(cfg, waits, delays=None, step_us=10_000.0):
     return out
 
 
+def got(stats, name):
+    """A `StepStats` output by name; earliness, which is computed on demand, in full."""
+    return stats.earliness() if name == "earliness" else getattr(stats, name)
+
+
 finite_us = st.floats(0.0, 1e5, allow_nan=False)
 matrices = st.integers(2, 9).flatmap(
     lambda n: st.integers(1, 4).flatmap(
@@ -153,7 +158,7 @@ def test_persistent_straggler_delays_converge_to_earliness():
     np.testing.assert_allclose(delay[:, 0], want, atol=80.0)
     assert delay[2, 0] == 0.0
     # the estimate is unchanged by the delays applied
-    np.testing.assert_allclose(stats.earliness[:, 0], early + 25.0, atol=60.0)
+    np.testing.assert_allclose(stats.earliness(0), early + 25.0, atol=60.0)
 
 
 @pytest.mark.parametrize("n", [4, 16, 64])
@@ -184,7 +189,7 @@ def test_estimator_stats():
     w = np.array([[900.0, 50.0], [100.0, 400.0], [500.0, 60.0]])
     d = np.array([[0.0, 0.0], [0.0, 0.0], [200.0, 0.0]])
     state, stats = update(PolicyParams.from_config(PACE, 3), init_state(3, 2), w, d, np.full(3, 1e4))
-    np.testing.assert_allclose(stats.earliness, [[800, 0], [0, 350], [600, 10]])
+    np.testing.assert_allclose(stats.earliness(), [[800, 0], [0, 350], [600, 10]])
     np.testing.assert_allclose(stats.spread, [800, 350])
     np.testing.assert_array_equal(stats.straggler, [1, 0])
     np.testing.assert_allclose(stats.residual, [800, 350])
@@ -226,21 +231,21 @@ def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
 
 def test_prepare_fused_puts_small_jobs_on_the_fused_kernel(monkeypatch):
     """Small updates use the NumPy reference until `prepare_fused` (which the host backend
-    calls when it starts) has the kernel ready, then the kernel: same numbers. The kernel's
-    outputs are Fortran-ordered, the reference's C-ordered: that tells the paths apart."""
+    calls when it starts) has the kernel ready, then the kernel: same numbers. Only the
+    kernel keeps its output buffers on the state: that tells the paths apart."""
     import gpupace.policy as pol
 
     monkeypatch.setattr(pol, "_fused_ready", False)
     rng = np.random.default_rng(4)
     params = PolicyParams.from_config(PACE, 8)
     w, d, steps = rng.uniform(0, 3000, (8, 3)), np.zeros((8, 3)), np.full(8, 1e4)
-    before = update(params, init_state(8, 3), w, d, steps)[1]
-    assert before.earliness.flags.c_contiguous and not before.earliness.flags.f_contiguous
+    state, before = update(params, init_state(8, 3), w, d, steps)
+    assert state.plan is None
     assert pol.prepare_fused() >= 0.0 and pol.prepare_fused() == 0.0  # the second: ready
-    after = update(params, init_state(8, 3), w, d, steps)[1]
-    assert after.earliness.flags.f_contiguous and not after.earliness.flags.c_contiguous
-    for name in ("earliness", "spread", "straggler", "delay", "valid"):
-        np.testing.assert_array_equal(getattr(before, name), getattr(after, name), err_msg=name)
+    state, after = update(params, init_state(8, 3), w, d, steps)
+    assert state.plan is not None
+    for name in ("earliness", "lowest", "spread", "straggler", "delay", "valid"):
+        np.testing.assert_array_equal(got(before, name), got(after, name), err_msg=name)
 
 
 any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
@@ -263,9 +268,9 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
         step = data.draw(arrays(np.float64, n, elements=st.one_of(finite_us, st.just(np.nan))))
         fast, a = update(params, fast, w, d, step, fused=True, rank=rank)
         ref, b = update_reference(params, ref, w, d, step, rank=rank)
-        for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
+        for name in ("earliness", "lowest", "spread", "residual", "straggler", "transfer", "valid",
                      "delay", "active"):
-            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
+            np.testing.assert_allclose(got(a, name), got(b, name), rtol=1e-12,
                                        atol=1e-9, err_msg=name)
         assert a.cap_us == pytest.approx(b.cap_us)
         for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
@@ -302,8 +307,8 @@ def test_update_in_place_matches_update_with_broken_ranks():
         steps[step % n] = np.nan
         pure, a = update(params, pure, w, d, steps)
         b = update_in_place(params, mine, w, d, steps)
-        for name in ("earliness", "spread", "delay", "valid", "straggler", "active"):
-            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        for name in ("earliness", "lowest", "spread", "delay", "valid", "straggler", "active"):
+            np.testing.assert_array_equal(got(a, name), got(b, name), err_msg=name)
         for name in ("floor", "calm", "mean", "var"):
             np.testing.assert_array_equal(getattr(pure, name), getattr(mine, name), err_msg=name)
     assert mine.step == 40 and (mine.delay > 0).any()
@@ -331,8 +336,8 @@ def test_fused_validity_shortcut_agrees_with_the_exact_test(bad):
         fast, a = update(params, fast, w, d, np.full(n, 1e4), fused=True)
         ref, b = update_reference(params, ref, w, d, np.full(n, 1e4))
     assert a.valid.sum() == (n - 1 if bad in pairs and bad != "sum_over_bound" else n)
-    for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid", "delay"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    for name in ("earliness", "lowest", "spread", "residual", "straggler", "transfer", "valid", "delay"):
+        np.testing.assert_array_equal(got(a, name), got(b, name), err_msg=name)
 
 
 @pytest.mark.parametrize("rank", [None, 0, 299])
@@ -357,9 +362,9 @@ def test_fused_update_equals_the_reference_at_scale_with_broken_rows(rank):
         steps[rng.integers(0, n, 3)] = np.nan
         fast, a = update(params, fast, w, d, steps, fused=True, rank=rank)
         ref, b = update_reference(params, ref, w, d, steps, rank=rank)
-        for name in ("earliness", "spread", "residual", "straggler", "transfer", "valid",
+        for name in ("earliness", "lowest", "spread", "residual", "straggler", "transfer", "valid",
                      "delay", "active"):
-            np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=1e-12,
+            np.testing.assert_allclose(got(a, name), got(b, name), rtol=1e-12,
                                        atol=1e-9, err_msg=f"{name}, step {step}")
         assert a.cap_us == pytest.approx(b.cap_us)
         for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
@@ -433,8 +438,8 @@ def test_one_rank_update_gives_that_rank_the_full_updates_delays():
         b = update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=3)
         np.testing.assert_array_equal(a.delay[3], b.delay[3])
         assert not np.delete(b.delay, 3, axis=0).any()
-        for name in ("earliness", "spread", "straggler", "residual", "valid", "active"):
-            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        for name in ("earliness", "lowest", "spread", "straggler", "residual", "valid", "active"):
+            np.testing.assert_array_equal(got(a, name), got(b, name), err_msg=name)
     assert (a.delay[3] > 0).any()
     assert not own.floor[4:].any() and own.floor[3].any()  # the other rows were left alone
     for bad in (-1, n, 1.5, True):
@@ -461,7 +466,7 @@ def test_in_place_updates_reuse_outputs_without_leaking_other_ranks_delays():
             assert step < 29 or (got.delay > 0).sum() > 2
         else:
             assert got.delay[rank].any() and not np.delete(got.delay, rank, axis=0).any()
-    assert mine.outputs is not None and pure.outputs is not mine.outputs
+    assert mine.plan is not None and pure.plan is not mine.plan
 
 
 def test_fused_update_reads_the_gathered_matrix_in_place():
@@ -485,12 +490,12 @@ def test_fused_update_reads_the_gathered_matrix_in_place():
     narrow = [a.astype(np.float32) for a in copies]
     want = update(params, init_state(n, s), *copies, fused=True, rank=5)
     for inputs in ((w, d, steps), frozen, narrow):
-        got = update(params, init_state(n, s), *inputs, fused=True, rank=5)
+        out = update(params, init_state(n, s), *inputs, fused=True, rank=5)
         tol = 1e-4 if inputs is narrow else 0.0
-        for name in ("earliness", "spread", "straggler", "delay"):
-            np.testing.assert_allclose(getattr(got[1], name), getattr(want[1], name), rtol=tol,
+        for name in ("earliness", "lowest", "spread", "straggler", "delay"):
+            np.testing.assert_allclose(got(out[1], name), got(want[1], name), rtol=tol,
                                        atol=tol, err_msg=name)
-        np.testing.assert_allclose(got[0].floor, want[0].floor, rtol=tol, atol=tol)
+        np.testing.assert_allclose(out[0].floor, want[0].floor, rtol=tol, atol=tol)
     assert len(fast.fused_update.signatures) == 1  # every call took the one compiled kernel
 
 
