@@ -118,8 +118,10 @@ class StepStats:
         the update itself needs only the ranks it updates, and a telemetry record one site."""
         cols = slice(None) if site is None else site
         with np.errstate(invalid="ignore"):
-            e = self.wait[:, cols] + self.applied[:, cols] - self.lowest[cols]
-        e[~self.valid] = np.nan
+            e = self.wait[:, cols] + self.applied[:, cols]
+            e -= self.lowest[cols]
+        if not self.valid.all():
+            e[~self.valid] = np.nan
         return e
 
 
