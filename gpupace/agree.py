@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .backends import cuda_device
 from .config import MODES, PaceConfig
 
 # The settings that must match: whether and how wide the exchange runs, and every input of
@@ -52,7 +53,7 @@ def check_ranks_agree(config: PaceConfig, backend: str, group: Any, pg_backend: 
     builds its `Pacer`."""
     row = torch.from_numpy(settings_row(config, backend))
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
-        row = row.to(torch.device("cuda", torch.cuda.current_device()))
+        row = row.to(cuda_device(group))
     rows = [torch.empty_like(row) for _ in range(world_size)]
     dist.all_gather(rows, row, group=group)
     lines = disagreements(torch.stack(rows).cpu().numpy())

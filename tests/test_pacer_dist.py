@@ -393,6 +393,23 @@ def test_a_gloo_group_and_an_undefined_one_without_cuda_are_not_nccl(monkeypatch
         dist.destroy_process_group()
 
 
+def test_nccl_rows_go_to_the_device_the_group_is_bound_to(tmp_path):
+    """`init_process_group(device_id=...)` binds a group to a device: its NCCL collectives run
+    there whatever the current device is, and so must the pacer's rows. A one-rank gloo group
+    stands in (no CUDA here); torch stores the binding as this attribute."""
+    from gpupace.backends import cuda_device
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        world = dist.group.WORLD
+        assert getattr(world, "bound_device_id", None) is None  # what torch leaves unbound
+        world.bound_device_id = torch.device("cuda", 3)
+        assert cuda_device(None) == cuda_device(world) == torch.device("cuda", 3)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_misuse_of_step_and_close_warns_once_each():
     """Forgetting step() (collectives pile up), calling it twice a step (one with no paced
     collective) and stepping after close() each warn once, naming the fix; the names kept

@@ -20,6 +20,21 @@ def group_backend(group) -> str:
     return name
 
 
+def cuda_device(group):
+    """The CUDA device of this rank's NCCL collectives on `group` (None: the default group),
+    as torch picks it: the device the group was bound to (`init_process_group(device_id=...)`),
+    else the current one. Without either, every rank of a node would be on cuda:0: set the
+    device first, `torch.cuda.set_device(local_rank)`. A bound device covers a job that
+    passed `device_id` and never called set_device."""
+    import torch
+    import torch.distributed as dist
+
+    bound = getattr(group if group is not None else dist.group.WORLD, "bound_device_id", None)
+    if bound is not None:
+        return torch.device(bound)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def device_backend_missing() -> str | None:
     """Why the device backend cannot run here, or None when it can."""
     try:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
-from . import device_backend_missing, gather_rows
+from . import cuda_device, device_backend_missing, gather_rows
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
 # Eager phase timing records two CUDA events per site, a few us of host time each: sample one
@@ -82,9 +82,18 @@ class DeviceEngine:
 
     def __init__(self, config: PaceConfig, group, rank: int, world_size: int, *,
                  device: torch.device | str | None = None, ring_len: int = 256):
-        dev = torch.device(device) if device is not None else (
-            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-            else torch.device("cpu"))
+        if device is not None:
+            dev = torch.device(device)
+        elif torch.cuda.is_available():
+            dev = cuda_device(group)
+            if dev.index != torch.cuda.current_device():
+                # The kernels launch on the current device's streams and the collectives run
+                # on the group's device: apart, the stamps would time another GPU's stream.
+                raise ValueError(f"gpupace: the process group runs on {dev} but the current "
+                                 f"CUDA device is cuda:{torch.cuda.current_device()}; call "
+                                 f"torch.cuda.set_device({dev.index}) before making the Pacer")
+        else:
+            dev = torch.device("cpu")
         from gpupace.kernels import clock, reduce, spin, stamp, update  # triton only from here
 
         self._k_spin, self._k_stamp, self._k_update, self._k_reduce = spin, stamp, update, reduce

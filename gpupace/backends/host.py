@@ -24,7 +24,7 @@ from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record
 from ..warn import warn
-from . import gather_rows, group_backend
+from . import cuda_device, gather_rows, group_backend
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class HostEngine:
         # NCCL moves CUDA tensors only: on an NCCL group the rows travel through the GPU (a
         # copy each way; the host backend waits for the step's collectives anyway).
         nccl = world_size > 1 and dist.is_initialized() and group_backend(group) == "nccl"
-        self._device = torch.device("cuda", torch.cuda.current_device()) if nccl else None
+        self._device = cuda_device(group) if nccl else None
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.state: policy.PolicyState | None = None
         self._next_delay = np.zeros(self.max_sites)
