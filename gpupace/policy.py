@@ -170,7 +170,8 @@ def update(
     (~8 s on a first run on a machine). `rank`: update the state and next delays of
     that rank alone, all a pacer needs of them (the per-site statistics are computed in full
     either way); the other ranks' state rows keep their old
-    values and their delays are 0."""
+    values and their delays are 0. The returned `StepStats.earliness()` reads `wait` and
+    `delay` when it is called: call it before changing them."""
     if not (_fused_by_default(state) if fused is None else fused):
         return update_reference(params, state, wait, delay, step_us, rank=rank)
     new_state = state.copy()
@@ -190,7 +191,7 @@ def update_in_place(
     `rank`) and the simulator (every rank) call every step, so that large jobs pay no copies.
     The returned arrays are buffers kept on `state` (`PolicyState.plan`): the next
     `update_in_place` on it overwrites them. Copy what must outlive the step."""
-    if _fused_ready or state.floor.size >= FUSED_MIN_ELEMENTS:
+    if _fused_by_default(state):
         return _update_fused(params, state, wait, delay, step_us, rank)
     new_state, stats = update_reference(params, state, wait, delay, step_us, rank=rank)
     for f in fields(PolicyState):
@@ -231,8 +232,8 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
     if not _fused_ready:
         prepare_fused()
     plan = state.plan
-    if not (plan is not None and plan.params is params and plan.rank == rank
-            and plan.floor is state.floor and plan.calm is state.calm
+    if not (plan is not None and plan.params is params and type(plan.rank) is type(rank)
+            and plan.rank == rank and plan.floor is state.floor and plan.calm is state.calm
             and plan.mean is state.mean and plan.var is state.var
             and plan.active is state.active and plan.above is state.above
             and plan.below is state.below):
@@ -240,6 +241,10 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
     if not (type(wait) is type(delay) is type(step_us) is np.ndarray
             and wait.shape == delay.shape == plan.shape and step_us.shape == plan.ranks):
         wait, delay, step_us = _inputs(state, wait, delay, step_us)
+    if delay.base is plan.tail[0] or delay is plan.tail[0]:
+        # The last update's delays given back as applied ones (`state.delay`): the kernel
+        # overwrites that buffer, and `StepStats.earliness` must still read what was applied.
+        delay = delay.copy()
     try:
         cap, state.step = fused_update(*plan.head, state.step, wait, delay, step_us, *plan.tail)
     except TypeError:  # other dtypes, read-only or unaligned inputs: the signature has none
@@ -283,6 +288,15 @@ class _Plan:
     def make(cls, params: PolicyParams, state: PolicyState, rank: int | None) -> _Plan:
         n, s = state.floor.shape
         _check_rank(rank, n)
+        # The kernel does not check bounds: a state array of another size would have it write
+        # past the end of it.
+        sizes = {name: getattr(state, name).shape for name in ("calm", "mean", "var", "active",
+                                                                "above", "below")}
+        if any(shape != ((n, s) if name in ("calm", "mean", "var") else (s,))
+               for name, shape in sizes.items()):
+            raise ValueError(f"a policy state of {n} ranks x {s} sites (its floor) needs calm, "
+                             f"mean and var of {(n, s)} and active, above and below of {(s,)}; "
+                             f"got {sizes}")
         for name in ("floor", "calm", "mean", "var"):
             setattr(state, name, np.asfortranarray(getattr(state, name)))
         state.calm = state.calm.astype(np.int64, copy=False)

@@ -256,18 +256,28 @@ any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
        mode=st.sampled_from(["pace", "observe", "off"]), warmup=st.integers(0, 3),
        holdoff=st.sampled_from([0.0, 1.0, 5.0]))
 def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup, holdoff):
-    """`update` takes the fused Numba loop only for large matrices: call it directly here."""
+    """The fused Numba loop, in place on one state as the host backend and the simulator run
+    it (its plan reused from step to step, or remade when the updated rank changes), against
+    the NumPy reference. Some steps give the last delays back as the applied ones
+    (`state.delay`, the buffer the kernel writes)."""
+    import gpupace.policy as pol
+
+    pol.prepare_fused()  # every size on the kernel
     cfg = PaceConfig(mode=mode, warmup_steps=warmup, holdoff_factor=holdoff, on_steps=1,
                      off_steps=2, threshold_us=100.0, release_us=50.0)
     params = PolicyParams.from_config(cfg, n)
-    fast = ref = init_state(n, s)
-    rank = data.draw(st.one_of(st.none(), st.integers(0, n - 1)))  # a pacer updates its own
+    fast, ref = init_state(n, s), init_state(n, s)
+    ranks = st.one_of(st.none(), st.integers(0, n - 1))  # a pacer updates its own
+    rank = data.draw(ranks)
     for _ in range(steps):
+        if data.draw(st.booleans()):  # another rank, or every rank, from this step on
+            rank = data.draw(ranks)
         w = data.draw(arrays(np.float64, (n, s), elements=any_us))
         d = data.draw(arrays(np.float64, (n, s), elements=st.one_of(st.just(0.0), finite_us)))
         step = data.draw(arrays(np.float64, n, elements=st.one_of(finite_us, st.just(np.nan))))
-        fast, a = update(params, fast, w, d, step, fused=True, rank=rank)
-        ref, b = update_reference(params, ref, w, d, step, rank=rank)
+        given_back = data.draw(st.booleans())
+        ref, b = update_reference(params, ref, w, ref.delay if given_back else d, step, rank=rank)
+        a = update_in_place(params, fast, w, fast.delay if given_back else d, step, rank=rank)
         for name in ("earliness", "lowest", "spread", "residual", "straggler", "transfer", "valid",
                      "delay", "active"):
             np.testing.assert_allclose(got(a, name), got(b, name), rtol=1e-12,
@@ -276,6 +286,10 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
         for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
             np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
                                        err_msg=name)
+        # Earliness from the inputs against the kernel's own extremes: the spread is its max.
+        known = a.spread == a.spread
+        np.testing.assert_allclose(np.nanmax(a.earliness()[:, known], axis=0, initial=0.0),
+                                   a.spread[known], rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 1000, 4096, 4097])
@@ -442,9 +456,39 @@ def test_one_rank_update_gives_that_rank_the_full_updates_delays():
             np.testing.assert_array_equal(got(a, name), got(b, name), err_msg=name)
     assert (a.delay[3] > 0).any()
     assert not own.floor[4:].any() and own.floor[3].any()  # the other rows were left alone
-    for bad in (-1, n, 1.5, True):
+    for bad in (-1, n, 1.5, True, 3.0, np.array([3])):  # also after rank=3, on its plan
         with pytest.raises(ValueError, match="rank"):
             update_in_place(params, own, w, np.zeros((n, s)), np.full(n, 2e4), rank=bad)
+
+
+def test_delays_given_back_as_applied_ones_are_read_as_they_were_applied():
+    """A loop may pass `state.delay` back as the applied delays: the kernel overwrites that
+    buffer with the next ones, and the step's earliness must still come from the applied."""
+    import gpupace.policy as pol
+
+    pol.prepare_fused()  # the kernel at this size too, as the host backend has it
+    rng = np.random.default_rng(3)
+    n, s = 16, 2
+    params = PolicyParams.from_config(PACE, n)
+    fast, ref = init_state(n, s), init_state(n, s)
+    pol_steps = np.full(n, 2e4)
+    for step in range(40):
+        w = 200.0 + rng.exponential(300.0, (n, s)) + 4000.0 * (np.arange(n) % 4 == 0)[:, None]
+        ref, want = update_reference(params, ref, w, ref.delay, pol_steps, rank=0)
+        stats = update_in_place(params, fast, w, fast.delay, pol_steps, rank=0)
+        np.testing.assert_array_equal(stats.earliness(), want.earliness(), err_msg=f"step {step}")
+    assert (fast.delay > 0).any()  # delays were given back, not zeros
+
+
+def test_a_state_with_arrays_of_another_size_is_refused_before_the_kernel_runs():
+    """The kernel does not check bounds: a per-site array of one value where a state of 3
+    sites needs 3 made it write past its end (a corrupted heap)."""
+    params = PolicyParams.from_config(PACE, 8)
+    state = init_state(8, 3)
+    state.active = np.zeros(1, dtype=bool)
+    with pytest.raises(ValueError, match=r"active, above and below of \(3,\)"):
+        update_in_place(params, state, np.ones((8, 3)), np.zeros((8, 3)), np.full(8, 2e4),
+                        rank=0)
 
 
 def test_in_place_updates_reuse_outputs_without_leaking_other_ranks_delays():
