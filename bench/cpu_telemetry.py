@@ -46,19 +46,19 @@ def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, dict, li
     queued = TelemetryWriter(path.with_suffix(".bg.jsonl"), header, cfg.telemetry_interval,
                              background=True)
     ring = Ring(cfg.ring_size)
-    rec = make_record(0, 0.0, stats, w, d, steps, 0)
+    rec = make_record(0, 0.0, stats, steps, 0)
     count = 0
 
     def whole(out) -> None:
         # What `Pacer.step()` does for telemetry once the policy has run.
         nonlocal count
         count += 1
-        r = make_record(count, 1.0, stats, w, d, steps, 0)
+        r = make_record(count, 1.0, stats, steps, 0)
         ring.append(r)
         out.write(r)
 
     parts = {
-        "make_record": lambda: make_record(1, 1.0, stats, w, d, steps, 0),
+        "make_record": lambda: make_record(1, 1.0, stats, steps, 0),
         "ring.append": lambda: ring.append(rec),
         "to_json": rec.to_json,
         "writer.write": lambda: writer.write(rec),

@@ -51,7 +51,7 @@ def write_file(path: Path, ranks: int, steps: int, seed: int = 0) -> None:
         d = np.zeros_like(w)
         step_us = rng.normal(20_000.0, 500.0, size=ranks)
         stats = policy.update_in_place(params, state, w, d, step_us)
-        writer.write(make_record(k, 0.02 * k, stats, w, d, step_us, 0))
+        writer.write(make_record(k, 0.02 * k, stats, step_us, 0))
     writer.close()
 
 

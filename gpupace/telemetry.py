@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+from numba import njit
 
 from .warn import warn
 
@@ -412,16 +413,20 @@ class Ring:
         return len(self._records)
 
 
-def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
-                d: np.ndarray, steps: np.ndarray, rank: int) -> StepRecord:
-    """A telemetry record from one policy update: step scalars at the site of largest spread,
-    per-rank arrays copied out of the update's buffers (which the next update reuses).
-    Every rank makes one each step: 137 us at 4096 ranks x 4 sites on the 2-core VM, warm
-    (424 us when it made lists; see `StepRecord`), 0.38 ms p50 in bench/cpu_telemetry, where
-    the JSON encoding between its calls leaves the cache cold."""
+def make_record(step: int, time_s: float, stats: StepStats, steps: np.ndarray,
+                rank: int) -> StepRecord:
+    """A telemetry record from one policy update (`stats`, whose inputs it reads: make it
+    before they change) and the step times: step scalars at the site of largest spread,
+    per-rank arrays copied out of the update's buffers (which the next update reuses). Every
+    rank makes one each step, so its arrays come from one compiled pass (`_record_arrays`):
+    NumPy's ~20 calls took 75-90 us at 2 ranks and 0.44-0.48 ms at 4096 x 4 in
+    bench/cpu_telemetry on the 2-core VM (cache left cold by the JSON encoding between)."""
+    if not _record_ready:
+        prepare_record()
     spread = stats.spread
-    # The first site of largest spread; a NaN spread (fewer than 2 valid ranks) counts as -1.
-    s = int(np.argmax(np.where(spread == spread, spread, -1.0)))
+    arrays = np.empty((4, len(stats.valid)))
+    s = _record_arrays(stats.wait, stats.applied, np.asarray(steps, dtype=np.float64), spread,
+                       stats.lowest, stats.valid, arrays)
     return StepRecord(
         step=step,
         time_s=time_s,
@@ -431,19 +436,51 @@ def make_record(step: int, time_s: float, stats: StepStats, w: np.ndarray,
         transfer_us=float(stats.transfer[s]),
         straggler=int(stats.straggler[s]),
         active=bool(stats.active.any()),
-        # NaN for a rank whose row the policy found invalid: not a tie with the last arrival.
-        earliness_us=stats.earliness(s),
-        wait_us=_site_sums(w),
-        delay_us=_site_sums(d),
-        step_times_us=np.array(steps, dtype=np.float64),
-        site_spread_us=np.array(spread, dtype=np.float64),
+        earliness_us=arrays[0],
+        wait_us=arrays[1],
+        delay_us=arrays[2],
+        step_times_us=arrays[3],
+        site_spread_us=spread.copy(),
     )
 
 
-def _site_sums(a: np.ndarray) -> np.ndarray:
-    """np.nansum(a, axis=1) of [N, S]: a contiguous copy with NaN as 0, times a vector of ones.
-    NumPy reduces a short axis of a strided view row by row: at 4096 x 4 on the 2-core VM,
-    nansum took ~220 us, this ~50."""
-    c = np.array(a, dtype=np.float64, order="C")
-    np.copyto(c, 0.0, where=c != c)
-    return c @ np.ones(c.shape[1])
+_record_ready = False  # set by `prepare_record`
+
+
+def prepare_record() -> None:
+    """Compiles `_record_arrays` for its one signature (or loads it from Numba's disk cache)
+    and turns further compiles off, as `policy.prepare_fused` does for the update: the host
+    backend calls both when it starts, so that no compile lands in the step loop."""
+    global _record_ready
+    from numba import types as nt
+
+    if not _record_arrays.signatures:
+        f, strided = nt.float64, nt.float64[:, :]
+        _record_arrays.compile((strided, strided, f[:], f[::1], f[:], nt.boolean[::1],
+                                f[:, ::1]))
+        _record_arrays.disable_compile()
+    _record_ready = True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _record_arrays(w, d, steps, spread, lowest, valid, out):
+    """Fills out [4, N] with each rank's earliness at the site of largest spread (NaN for a
+    rank the policy found invalid: not a tie with the last arrival), its wait and applied
+    delay summed over sites (NaN counted as 0, as np.nansum) and its step time; returns that
+    site, the first of largest spread (a NaN spread, fewer than 2 valid ranks, counts as -1)."""
+    n, s = w.shape
+    site, best = 0, -np.inf
+    for k in range(s):
+        x = spread[k] if spread[k] == spread[k] else -1.0
+        if x > best:
+            site, best = k, x
+    lo = lowest[site]
+    for i in range(n):
+        tw, td = 0.0, 0.0
+        for k in range(s):
+            x, y = w[i, k], d[i, k]
+            tw += x if x == x else 0.0
+            td += y if y == y else 0.0
+        out[0, i] = w[i, site] + d[i, site] - lo if valid[i] else np.nan
+        out[1, i], out[2, i], out[3, i] = tw, td, steps[i]
+    return site

@@ -68,7 +68,7 @@ def to_records(result: SimResult) -> Iterator[StepRecord]:
         steps = np.full(n, result.step_us[k])
         stats = pol.update_in_place(params, state, w, d, steps)
         stats.active = result.active[k].copy()
-        yield make_record(k, float(time_s[k]), stats, w, d, steps, 0)
+        yield make_record(k, float(time_s[k]), stats, steps, 0)
 
 
 def write_telemetry(result: SimResult, path: str | os.PathLike, *, label: str | None = None,
