@@ -425,8 +425,12 @@ def make_record(step: int, time_s: float, stats: StepStats, steps: np.ndarray,
         prepare_record()
     spread = stats.spread
     arrays = np.empty((4, len(stats.valid)))
-    s = _record_arrays(stats.wait, stats.applied, np.asarray(steps, dtype=np.float64), spread,
-                       stats.lowest, stats.valid, arrays)
+    w, d, steps_us = stats.wait, stats.applied, np.asarray(steps, dtype=np.float64)
+    try:
+        s = _record_arrays(w, d, steps_us, spread, stats.lowest, stats.valid, arrays)
+    except TypeError:  # read-only inputs (the NumPy update passes them through): copies
+        w, d, steps_us = (np.array(a, dtype=np.float64) for a in (w, d, steps_us))
+        s = _record_arrays(w, d, steps_us, spread, stats.lowest, stats.valid, arrays)
     return StepRecord(
         step=step,
         time_s=time_s,

@@ -215,6 +215,25 @@ def test_make_record_sums_sites_as_nansum_and_picks_the_site_of_largest_spread()
         assert not any(np.shares_memory(a, b) for b in sources), name
 
 
+def test_a_record_of_read_only_inputs_is_made_from_copies():
+    """The NumPy update passes float64 inputs through as they are, read-only ones too; the
+    record's compiled pass, which takes writable ones only, then works on copies."""
+    from gpupace import policy
+    from gpupace.telemetry import make_record
+
+    n, s = 4, 2
+    w, d, steps = np.full((n, s), 300.0), np.zeros((n, s)), np.full(n, 2e4)
+    w[1] += 500.0
+    for a in (w, d, steps):
+        a.flags.writeable = False
+    params = policy.PolicyParams.from_config(PaceConfig(mode="observe"), n)
+    _, stats = policy.update(params, policy.init_state(n, s), w, d, steps, fused=False)
+    assert not stats.wait.flags.writeable  # what the compiled pass would refuse
+    rec = make_record(0, 0.0, stats, steps, 0)
+    np.testing.assert_array_equal(rec.earliness_us, [0.0, 500.0, 0.0, 0.0])  # rank 1 early
+    np.testing.assert_array_equal(rec.wait_us, [600.0, 1600.0, 600.0, 600.0])
+
+
 def test_the_ring_is_bounded_by_memory_as_well_as_by_count():
     """~0.13 MB a record at 4096 ranks: the default 100,000 records would take 13 GB on every
     rank; 128 MB keeps ~960. A small job keeps `ring_size` records."""
