@@ -429,8 +429,10 @@ def make_record(step: int, time_s: float, stats: StepStats, steps: np.ndarray,
     try:
         s = _record_arrays(w, d, steps_us, spread, stats.lowest, stats.valid, arrays)
     except TypeError:  # read-only inputs (the NumPy update passes them through): copies
-        w, d, steps_us = (np.array(a, dtype=np.float64) for a in (w, d, steps_us))
-        s = _record_arrays(w, d, steps_us, spread, stats.lowest, stats.valid, arrays)
+        w, d, steps_us, spread, lowest = (np.array(a, dtype=np.float64) for a in
+                                          (w, d, steps_us, spread, stats.lowest))
+        valid = np.array(stats.valid, dtype=bool)
+        s = _record_arrays(w, d, steps_us, spread, lowest, valid, arrays)
     return StepRecord(
         step=step,
         time_s=time_s,
@@ -449,6 +451,7 @@ def make_record(step: int, time_s: float, stats: StepStats, steps: np.ndarray,
 
 
 _record_ready = False  # set by `prepare_record`
+_compiling = threading.Lock()
 
 
 def prepare_record() -> None:
@@ -458,12 +461,13 @@ def prepare_record() -> None:
     global _record_ready
     from numba import types as nt
 
-    if not _record_arrays.signatures:
-        f, strided = nt.float64, nt.float64[:, :]
-        _record_arrays.compile((strided, strided, f[:], f[::1], f[:], nt.boolean[::1],
-                                f[:, ::1]))
-        _record_arrays.disable_compile()
-    _record_ready = True
+    with _compiling:  # a second thread would find compiling already disabled
+        if not _record_ready:
+            f, strided = nt.float64, nt.float64[:, :]
+            _record_arrays.compile((strided, strided, f[:], f[::1], f[:], nt.boolean[::1],
+                                    f[:, ::1]))
+            _record_arrays.disable_compile()
+            _record_ready = True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

@@ -2,6 +2,8 @@
 
 import json
 import math
+import subprocess
+import sys
 import time
 import warnings
 
@@ -229,9 +231,48 @@ def test_a_record_of_read_only_inputs_is_made_from_copies():
     params = policy.PolicyParams.from_config(PaceConfig(mode="observe"), n)
     _, stats = policy.update(params, policy.init_state(n, s), w, d, steps, fused=False)
     assert not stats.wait.flags.writeable  # what the compiled pass would refuse
+    stats.valid.flags.writeable = False  # and stats built or edited by hand
+    stats.spread = stats.spread.astype(np.float32)
     rec = make_record(0, 0.0, stats, steps, 0)
     np.testing.assert_array_equal(rec.earliness_us, [0.0, 500.0, 0.0, 0.0])  # rank 1 early
     np.testing.assert_array_equal(rec.wait_us, [600.0, 1600.0, 600.0, 600.0])
+
+
+def test_threads_that_make_their_first_record_and_update_together_all_get_one():
+    """The compiled record pass and policy kernel are readied on first use, once: before a
+    lock, a thread that came second found compiling disabled by the first and raised
+    (5 of 6 threads, reproduced). A fresh process, so that nothing is ready yet."""
+    script = """
+import threading
+import numpy as np
+from gpupace import PaceConfig, policy
+from gpupace.telemetry import make_record
+
+n, s = 300, 3  # large enough for the fused kernel by default
+rng = np.random.default_rng(1)
+w, d, steps = rng.uniform(0, 500, (n, s)), np.zeros((n, s)), np.full(n, 2e4)
+params = policy.PolicyParams.from_config(PaceConfig(mode="observe"), n)
+start, out = threading.Barrier(6), []
+
+def run():
+    start.wait()
+    try:
+        stats = policy.update(params, policy.init_state(n, s), w, d, steps)[1]
+        out.append(make_record(0, 0.0, stats, steps, 0).spread_us)
+    except Exception as e:
+        out.append(repr(e))
+
+threads = [threading.Thread(target=run) for _ in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(out)
+assert len(set(out)) == 1 and isinstance(out[0], float), out
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=100)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_ring_is_bounded_by_memory_as_well_as_by_count():
