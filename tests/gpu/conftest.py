@@ -6,6 +6,7 @@ device run records every number it measured."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import tempfile
@@ -90,8 +91,11 @@ def nccl_group():
     made = not dist.is_initialized()
     if made:
         store = tempfile.mktemp(prefix="gpupace-nccl-")
+        # A hung NCCL call raises after a minute (its test fails) instead of holding the
+        # session until the device check's deadline kills every test after it.
         dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1,
-                                device_id=torch.device("cuda", 0))
+                                device_id=torch.device("cuda", 0),
+                                timeout=datetime.timedelta(seconds=60))
     yield dist.group.WORLD
     if made and dist.is_initialized():
         # A group left alive can keep pytest from exiting (NCCL's watchdog thread).
