@@ -14,9 +14,10 @@ Costs at 4096 ranks x 4 sites for one pacer on the 2-core VM, each call after a 
 reference update (as after the rest of a training step: caches cold), in one interleaved run
 of 2026-11-30 (/tmp scripts, not kept): ~30 us for Numba's dispatch and the Python around it
 even with a kernel that does nothing, ~35 us more for the first pass, ~25 us for the median
-of the step times. The whole update in bench/cpu_policy: 106 us p50 (quick run), where the
-first version that wrote every rank's earliness and checked its inputs field by field took
-~150 (113-132 against 148-173 in three interleaved rounds, as the VM's speed moved).
+of the step times. Side by side with the version before it, which wrote every rank's
+earliness and checked its inputs field by field: 113-132 us against 148-173 in three
+interleaved rounds. In bench/cpu_policy (each call after its `cool()`): 116, 133 and 152 us
+p50 in three full runs that afternoon, as the VM's speed moved.
 Cold, Numba's dispatch alone is costly: a no-op njit function of 17 arguments took 35 us after
 16 MB of other memory traffic (1.5 us warm), one of 3 arguments 18 us.
 """
