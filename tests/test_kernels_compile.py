@@ -1,0 +1,119 @@
+"""Every Triton kernel compiled for Hopper (sm_90, the H200), on the CPU: the interpreter runs
+the kernels' arithmetic but never their compiled path (the `%globaltimer` inline asm, the
+types Triton infers, the launch shapes), which otherwise first meets a compiler on a lent GPU.
+Triton compiles for a named target without a GPU and with its own ptxas (~9 s for all).
+
+It binds the arguments as `JITFunction.run` does (Triton 3.6 and 3.9 checked); with a Triton
+whose internals differ it skips, naming what is missing, rather than fail for that reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+
+from gpupace import PaceConfig, policy
+
+pytestmark = pytest.mark.timeout(240)
+
+M = 4  # sites in the rows the site kernels see
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    """compile(jit_fn, *args, **kwargs) -> Triton's compiled kernel for sm_90."""
+    if os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("TRITON_INTERPRET is set: the kernels are interpreted functions")
+    try:
+        from triton import compile as triton_compile
+        from triton import knobs
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+    except ImportError as e:
+        pytest.skip(f"this Triton lacks the offline compile path used here: {e}")
+    import gpupace.kernels as kernels
+
+    mods = {name: importlib.import_module(f"gpupace.kernels.{name}")
+            for name in ("clock", "spin", "stamp", "barrier", "update")}
+    if not isinstance(mods["clock"]._clock_kernel, JITFunction):  # loaded under the interpreter
+        mods = {name: importlib.reload(m) for name, m in mods.items()}
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+
+    def compile(fn, *args, **kwargs):
+        kwargs.setdefault("debug", False)
+        for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):  # as run() adds them
+            if hasattr(knobs.compilation, knob):
+                kwargs[knob] = getattr(knobs.compilation, knob)
+        try:
+            binder = create_function_from_signature(fn.signature, fn.params, backend)
+            bound, spec, opts = binder(*args, **kwargs)
+            options, sig, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
+        except (AttributeError, TypeError) as e:
+            pytest.skip(f"this Triton binds arguments otherwise: {type(e).__name__}: {e}")
+        return triton_compile(ASTSource(fn, sig, constexprs, attrs), target=target,
+                              options=options.__dict__)
+
+    del kernels
+    return compile, mods
+
+
+def zeros(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
+    compile, k = hopper
+    spin = k["spin"]
+    i32, i64 = torch.int32, torch.int64
+    row, stamps, clk = zeros(2 + 2 * M), zeros(M, 3, dtype=i64), zeros(2, dtype=i64)
+    caps = dict(USE_CLOCK=True, HARD_CAP=spin.HARD_CAP_US, HARD_READS=spin.HARD_MAX_READS,
+                num_warps=1)
+    compiled = {
+        "clock": compile(k["clock"]._clock_kernel, zeros(64, dtype=i64), 64, 1, USE_CLOCK=True,
+                         num_warps=1),
+        "spin": compile(spin._spin_kernel, zeros(1), zeros(1), zeros(1, dtype=i32), clk, 2000.0,
+                        spin.max_reads_for(2000.0), 1000, **caps),
+        "enter": compile(spin._enter_kernel, zeros(1, M), zeros(M), row, stamps, clk, 1, 0, M,
+                         50_000.0, 0.1, spin.max_reads_for(50_000.0), 1000, **caps),
+        "stamp": compile(k["stamp"]._stamp_kernel, zeros(64, dtype=i64), 0, clk, USE_CLOCK=True,
+                         num_warps=1),
+        "exit": compile(k["stamp"]._exit_kernel, row, stamps, clk, 1, USE_CLOCK=True,
+                        num_warps=1),
+    }
+    for warps in (1, 16):  # the virtual cluster's barrier, on one warp and as K CTAs would
+        compiled[f"barrier, {warps} warps"] = compile(
+            k["barrier"]._barrier_kernel, zeros(1, dtype=i32), 8, 200_000_000, 100_000_000,
+            zeros(1, dtype=i32), clk, 1000, USE_CLOCK=True, num_warps=warps)
+    for name, kernel in compiled.items():
+        # The clock is the inline asm: in the PTX, not folded away or left to the interpreter.
+        assert "%globaltimer" in kernel.asm["ptx"], name
+        assert kernel.asm.get("cubin"), name  # ptxas ran: the PTX is valid for sm_90
+
+
+@pytest.mark.parametrize("n", [1, 3, 4096])
+def test_update_kernel_compiles_for_hopper(hopper, n):
+    """One program over a block of every rank: at 4096 ranks, 1024 threads."""
+    compile, k = hopper
+    update = k["update"]
+    i32, i64 = torch.int32, torch.int64
+    p = policy.PolicyParams.from_config(PaceConfig(mode="pace"), n)
+    m = 64
+    ring = zeros(256, update.record_len(n, m))
+    kernel = compile(
+        update._update_kernel, zeros(n, 2 + 2 * m), n, 2 + 2 * m, m, 1, 0,
+        zeros(n, dtype=i32), zeros(1, dtype=i32), zeros(5, m), zeros(m, dtype=i32), zeros(1),
+        zeros(n, m), zeros(n, m, dtype=i32), zeros(n, m), zeros(n, m), zeros(n, m),
+        zeros(m, dtype=i32), zeros(m, dtype=i32), zeros(m, dtype=i32), zeros(3, dtype=i64),
+        zeros(2 + 2 * m), ring, zeros(256, dtype=i64), 256, ring.shape[1],
+        int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
+        int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
+        float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
+        float(p.safety_z), int(p.warmup_steps), update.ABSURD_US,
+        BLOCK_N=update.block_n(n), num_warps=update.num_warps_for(n))
+    assert kernel.asm.get("cubin")
+    assert kernel.metadata.num_warps == update.num_warps_for(n)
