@@ -35,7 +35,6 @@ def hopper():
         from triton.runtime.jit import JITFunction, create_function_from_signature
     except ImportError as e:
         pytest.skip(f"this Triton lacks the offline compile path used here: {e}")
-    import gpupace.kernels as kernels
 
     mods = {name: importlib.import_module(f"gpupace.kernels.{name}")
             for name in ("clock", "spin", "stamp", "barrier", "update")}
@@ -58,7 +57,6 @@ def hopper():
         return triton_compile(ASTSource(fn, sig, constexprs, attrs), target=target,
                               options=options.__dict__)
 
-    del kernels
     return compile, mods
 
 
