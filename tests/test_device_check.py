@@ -152,7 +152,8 @@ def test_gpu_tests_without_cupy_skip_only_those_that_need_it(tmp_path):
         "def pytest_collection_finish(session):\n"
         "    for it in session.items:\n"
         "        sk = it.get_closest_marker('skip')\n"
-        "        print('ITEM', it.name, 'SKIP ' + sk.kwargs['reason'] if sk else 'RUNS')\n")
+        "        print('ITEM', it.name, 'SKIP ' + sk.kwargs['reason'] if sk else 'RUNS')\n"
+        "        print('NCCL' if 'nccl_group' in it.fixturenames else 'FREE', it.name)\n")
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "fake_gpu_no_cupy",
                         "-p", "no:cacheprovider", "--collect-only", "tests/gpu"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -169,6 +170,9 @@ def test_gpu_tests_without_cupy_skip_only_those_that_need_it(tmp_path):
             "test_zz_capture_without_warmup_is_a_clear_error"} <= set(skipped)
     assert any(k.startswith("test_cupy_reduction") for k in skipped)
     assert all("cupy is not installed" in v for v in skipped.values()), skipped
+    # A hung NCCL call must not cost the figures that need no NCCL: those tests run first.
+    order = [line.split()[0] for line in p.stdout.splitlines() if line[:5] in ("NCCL ", "FREE ")]
+    assert order.count("NCCL") >= 5 and order == sorted(order, key=lambda kind: kind == "NCCL")
 
 
 def test_microbenchmarks_say_what_they_miss():
