@@ -5,8 +5,14 @@ CPU (gloo) run gets no advice about GPUs, NICs or NCCL, and one rank is "rank 3"
 from __future__ import annotations
 
 ACTIONS = {
-    "sync_amplification": "pace the early ranks (gpupace PaceConfig(mode='pace')): a different "
-    "rank is late each step and every rank waits for it",
+    # Not "pace the early ranks": the policy delays a rank only once it has been early for a
+    # holdoff, so a late rank that changes every step gets no delay (the simulator's
+    # amplification preset: delays on 0% of the steps, +0.0% throughput).
+    "sync_amplification": "a different rank is late each step and every rank waits for it; no "
+    "delay can be planned for a rank that is late at random (gpupace delays only ranks that "
+    "are steadily early). Find what stalls single ranks (data loading, garbage collection, OS "
+    "noise, throttling) and synchronise less often (larger DDP buckets, gradient accumulation "
+    "with no_sync)",
     "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of {ranks} "
     "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
     "fabric_contention": "look at the topology: congested links or switches (oversubscribed "

@@ -431,6 +431,9 @@ def _diagnose(run: Run) -> Diagnosis:
                            f"(< {100 * MIN_LOST:.1f}%): nothing worth diagnosing")
     findings = []
     low_confidence = 0.0
+    # The steps in which pacing delayed some rank (engaged pacing may delay none of them).
+    delayed = float((np.nan_to_num(run.delay[ok]) > 0).any(axis=1).mean()) \
+        if run.delay.shape[1] else 0.0
     for mode in MODES:
         sig, enough, ev, ranks = sigs[mode]
         candidate = lost[mode] / lost_total if lost_total > 0 else 0.0
@@ -442,10 +445,9 @@ def _diagnose(run: Run) -> Diagnosis:
         if not attributed:  # the time stays unattributed: no evidence, no share
             low_confidence += lost[mode]
         act = action(mode, ranks, run.comm_backend)
-        paced = float(run.active[ok].mean())
-        if mode == "sync_amplification" and paced > 0.1:
-            act = (f"pacing was on for {100 * paced:.0f}% of the steps: this is what it left; "
-                      "compare with an unpaced baseline, and tune threshold_us and gain")
+        if mode == "sync_amplification" and delayed > 0.1:
+            act = (f"pacing delayed ranks in {100 * delayed:.0f}% of the steps: this is what it "
+                   "left; compare with an unpaced baseline, and tune threshold_us and gain")
         share = attributed / lost_total if lost_total > 0 else 0.0
         findings.append(ModeFinding(mode, share, conf, ev, ranks, verdict, act, attributed,
                                     candidate))
