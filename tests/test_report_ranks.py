@@ -14,7 +14,7 @@ import pytest
 from gpupace.report import ranks
 from gpupace.report.diagnose import diagnose
 from gpupace.report.load import to_run
-from gpupace.report.text import cost_line
+from gpupace.report.text import cost_line, headline
 from gpupace.telemetry import StepRecord
 
 pytestmark = pytest.mark.timeout(120)
@@ -25,12 +25,12 @@ NAN = float("nan")
 def test_last_leads_by_hand():
     e = np.array([[3000.0, 0.0, 1000.0, 500.0],  # rank 1 last, 500 before rank 3
                   [0.0, 2000.0, 2500.0, 2200.0],  # rank 0 last, 2000 before rank 1
-                  [NAN, 0.0, NAN, NAN],  # one known rank: no lead
+                  [NAN, 0.0, NAN, NAN],  # one known rank: no lead (unknown)
                   [NAN, 1000.0, 0.0, NAN],  # rank 2 last among the known ones
                   [3000.0, 0.0, 1000.0, NAN],  # rank 3's row invalid: not a tie at 0
                   [0.0, 0.0, 700.0, 900.0]])  # a tie: lead 0
     lead = ranks.last_leads(e, np.array([1, 0, 1, 2, 1, 0]))
-    np.testing.assert_array_equal(lead, [500.0, 2000.0, 0.0, 1000.0, 1000.0, 0.0])
+    np.testing.assert_array_equal(lead, [500.0, 2000.0, NAN, 1000.0, 1000.0, 0.0])
 
 
 def _run(earliness: np.ndarray, step_us: float = 1e5, label: str = "r"):
@@ -142,3 +142,59 @@ def test_steps_with_two_ranks_known_of_many_do_not_halve_an_offset():
     assert offset[1] == pytest.approx(3000.0, abs=100.0) and late_in[1] == 1.0
     assert abs(offset[0]) < 100.0
     assert counted[0] == counted[1] == counted[2] < 200
+
+
+def _late(steps: int, world: int, late: dict[int, float], seed: int = 0,
+          noise_us: float = 50.0) -> np.ndarray:
+    """Earliness [steps, world] of ranks arriving with `noise_us` of noise (sd), each rank of
+    `late` that many us later."""
+    a = np.random.default_rng(seed).normal(0.0, noise_us, size=(steps, world))
+    for r, us in late.items():
+        a[:, r] += us
+    return a.max(axis=1, keepdims=True) - a
+
+
+def test_a_late_node_is_named_together_with_its_cost():
+    """Ranks 12-15 (a node) 3 ms late in every step: none of them is last in most steps, nor
+    leads the next-latest (another of the four), yet together they cost each step ~3 ms.
+    The headline and the cost line name the four, not "no persistently late rank" and a
+    cost of ~0 (as before)."""
+    d = diagnose(_run(_late(200, 16, {r: 3000.0 for r in range(12, 16)})))
+    group = d.summary["late_group"]
+    assert sorted(group["ranks"]) == [12, 13, 14, 15]
+    assert group["cost_us_per_step"] == pytest.approx(3000.0, rel=0.1)
+    line = headline(d)
+    assert "ranks 12, 13, 14, 15 (4 ranks) steadily late, typically 3.0 ms behind the median " \
+        "rank (late in 100% of steps); leading cause locality" in line, line
+    assert cost_line(d).startswith("ranks 12, 13, 14, 15 (4 ranks) arrived after every other "
+                                   "rank by up to 2.9"), cost_line(d)
+    assert "no persistently late rank" not in line
+
+
+def test_a_late_rank_under_the_clear_last_bar_is_still_named():
+    """Rank 5 0.45 ms late in every 57 ms step: under the 1% that makes a step's last rank
+    count, but a steady offset that locality finds; the headline names it from there."""
+    run = _run(_late(200, 16, {5: 450.0}, noise_us=10.0), step_us=57e3)
+    assert ranks.late_rank(run) is None  # no step's spread above 1% of the step
+    d = diagnose(run)
+    assert headline(d).startswith("r: rank 5 steadily late, typically 0.45 ms behind the "
+                                  "median rank"), headline(d)
+    assert cost_line(d).startswith("rank 5 arrived after every other rank by up to 0.4")
+
+
+def test_how_far_behind_a_late_rank_is_counts_the_steps_it_was_last():
+    """Rank 5 3 ms late in the last 40% of the steps only: 'typically 3.0 ms behind', not the
+    median over the whole run (~0: most steps it was on time)."""
+    e = np.concatenate([_late(120, 8, {}), _late(80, 8, {5: 3000.0}, seed=1)])
+    lr = ranks.late_rank(_run(e))
+    assert lr["rank"] == 5 and lr["behind_median_us"] == pytest.approx(3000.0, abs=100.0)
+
+
+def test_a_step_whose_lead_is_unknown_counts_for_no_cost():
+    """Rank 1 last by 2 ms in every step, its earliness missing (an invalid row) in a quarter
+    of them: its cost is 2 ms a step over the steps it is known in, not 1.5."""
+    e = np.tile([3000.0, 1000.0, 3500.0, 3200.0], (80, 1))
+    run = _run(e)
+    run.earliness[::4, 1] = NAN
+    cost, total = ranks.cost_per_rank(run)
+    assert cost[1] == pytest.approx(2000.0) and total == pytest.approx(2000.0)

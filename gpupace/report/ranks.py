@@ -102,20 +102,25 @@ def last_counts(run: Run) -> np.ndarray:
     return np.bincount(run.straggler[clear_last(run)], minlength=run.world_size)[:run.world_size]
 
 
-def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | None:
+def late_rank(run: Run) -> dict[str, Any] | None:
     """The rank most often last: how often (of the measured steps with a clear last rank) and
-    by how much (its median lateness behind the median rank). `persistent` when it is last
+    by how much (its median lateness behind the median rank over those steps in which it was
+    last: a rank late in the last 40% of a run only is "3 ms behind" then, not the median over
+    the whole run, which the on-time steps pull to 0). `persistent` when it is last
     at least halfway between chance and always: (1 + 1/N) / 2 of them, 75% at 2 ranks, just
     over half at many (twice chance, the rule before, asked 100% of 2 ranks), over at least
     MIN_CLEAR_STEPS of them. None when no step has a clear last."""
-    hist = last_counts(run)
+    clear = clear_last(run)
+    hist = np.bincount(run.straggler[clear], minlength=run.world_size)[:run.world_size]
     if not hist.any():
         return None
     r = int(np.argmax(hist))
     frac = float(hist[r] / hist.sum())
-    if offset is None:
-        offset = locality_offsets(run, measured(run))[0]
-    behind = float(offset[r]) if r < offset.size else float("nan")
+    steps = np.flatnonzero(clear & (run.straggler == r))
+    block = max(1, BLOCK_VALUES // max(run.world_size, 1))
+    behind = np.concatenate([lateness(run.earliness[steps[lo:lo + block]])[:, r]
+                             for lo in range(0, steps.size, block)])
+    behind = float(np.nanmedian(behind)) if np.isfinite(behind).any() else float("nan")
     return {"rank": r, "last_fraction": frac, "last_steps": int(hist[r]),
             "steps_with_clear_last": int(hist.sum()), "behind_median_us": behind,
             "persistent": bool(frac >= (1.0 + 1.0 / max(run.world_size, 1)) / 2.0
@@ -124,33 +129,37 @@ def late_rank(run: Run, offset: np.ndarray | None = None) -> dict[str, Any] | No
 
 def last_leads(e: np.ndarray, last: np.ndarray) -> np.ndarray:
     """Per step of the earliness [steps, N] and its last rank [steps]: that rank's lead over
-    the next-latest (us), the lowest earliness of the other known ranks less its own; 0 where
-    either is unknown (NaN: a rank missing from the record, or whose row was invalid)."""
+    the next-latest (us), the lowest earliness of the other known ranks less its own; NaN
+    where either is unknown (a rank missing from the record, or whose row was invalid)."""
     rows = np.arange(e.shape[0])
     x = np.where(np.isfinite(e), e, np.inf)
     own = x[rows, last]
     x[rows, last] = np.inf
     with np.errstate(invalid="ignore"):  # inf - inf: no other known rank
         lead = x.min(axis=1) - own
-    return np.where(np.isfinite(lead), lead, 0.0)
+    return np.where(np.isfinite(lead), lead, np.nan)
 
 
 def cost_per_rank(run: Run) -> tuple[np.ndarray, float]:
     """([world size] us a measured step that each rank's lateness cost, their sum: the last
     rank's mean lead over the next-latest). Counted over the steps with a clear last rank
     (`clear_last`, the steps the headline's "last in" counts), per measured step; the steps
-    without one had a spread under 1% of the median step."""
-    n = int(measured(run).sum())
+    without one had a spread under 1% of the median step. A step whose lead is unknown (the
+    last rank, or every other one, missing from the record) counts in neither the sum nor
+    the steps: as 0 it would understate every cost by the share of such steps."""
+    n = int((measured(run) & np.isfinite(run.spread)).sum())
     cost = np.zeros(run.world_size)
-    if n == 0:
-        return cost, 0.0
     steps = np.flatnonzero(clear_last(run))
     block = max(1, BLOCK_VALUES // max(run.world_size, 1))
     for lo in range(0, steps.size, block):  # one block of rows copied at a time
         idx = steps[lo:lo + block]
         last = run.straggler[idx]
         lead = last_leads(run.earliness[idx], last)
+        n -= int(np.isnan(lead).sum())
+        lead = np.nan_to_num(lead, nan=0.0)
         cost += np.bincount(last, weights=lead, minlength=run.world_size)[:run.world_size]
+    if n <= 0:
+        return np.zeros(run.world_size), 0.0
     return cost / n, float(cost.sum()) / n
 
 

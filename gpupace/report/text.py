@@ -18,7 +18,13 @@ def headline(d: Diagnosis) -> str:
     if "lost_fraction" not in s:
         return f"{label}: {s.get('note', 'no verdict')}"
     lr = s.get("late_rank")
-    if lr is None:
+    group = _late_group(d)
+    if group is not None:
+        behind = group["behind_median_us"] / 1e3
+        who = (f"{_ranks(group['ranks'])} steadily late, typically "
+               f"{behind:.{1 if behind >= 1 else 2}f} ms behind {_reference(s)} (late in "
+               f"{100 * group['late_fraction']:.0f}% of steps)")
+    elif lr is None:
         who = "no step with a clear last rank"
     else:
         pct = 100 * lr["last_fraction"]
@@ -28,9 +34,7 @@ def headline(d: Diagnosis) -> str:
             f"of the {clear} steps with a clear last rank ({measured} measured)"
         if lr["persistent"]:
             behind = lr["behind_median_us"]
-            # of two ranks the lateness is behind the other one (no median to speak of)
-            other = "the other rank" if s.get("world_size") == 2 else "the median rank"
-            by = f", typically {behind / 1e3:.1f} ms behind {other}" \
+            by = f", typically {behind / 1e3:.1f} ms behind {_reference(s)}" \
                 if math.isfinite(behind) and behind >= 50.0 else ""  # shown as >= 0.1 ms
             who = f"rank {lr['rank']} last in {pct:.0f}% {of}{by}"
         else:
@@ -53,16 +57,49 @@ def headline(d: Diagnosis) -> str:
 
 
 def cost_line(d: Diagnosis) -> str:
-    """What the last arrivals cost a step, and the ranks that cost most (`ranks.rank_costs`)."""
+    """What the last arrivals cost a step, and the ranks that cost most (`ranks.rank_costs`);
+    first, what the steadily late ranks cost together (their lead over every other rank),
+    where the diagnosis found any: a late node's ranks lead the next-latest, one of them, by
+    nothing."""
+    parts = []
+    group = _late_group(d)
+    if group is not None:
+        parts.append(f"{_ranks(group['ranks'])} arrived after every other rank by up to "
+                     f"{group['cost_us_per_step'] / 1e3:.2f} ms a step "
+                     f"({100 * group['share_of_step']:.1f}% of the measured time)")
     c = d.summary.get("late_cost")
-    if not c:
-        return ""
-    ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
-                      f"(last in {100 * r['last_fraction']:.0f}%)" for r in c["ranks"][:3])
-    by = f": {ranks}" if ranks else ""
-    return (f"the last rank's lead over the next-latest cost up to "
-            f"{c['lead_us_per_step'] / 1e3:.2f} ms a step ({100 * c['share_of_step']:.1f}% of "
-            f"the mean step){by}")
+    if c and (group is None or c["lead_us_per_step"] >= 5.0):  # shown as >= 0.01 ms
+        ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
+                          f"(last in {100 * r['last_fraction']:.0f}%)" for r in c["ranks"][:3])
+        by = f": {ranks}" if ranks else ""
+        parts.append(f"the last rank's lead over the next-latest cost up to "
+                     f"{c['lead_us_per_step'] / 1e3:.2f} ms a step "
+                     f"({100 * c['share_of_step']:.1f}% of the mean step){by}")
+    return "; ".join(parts)
+
+
+def _late_group(d: Diagnosis) -> dict | None:
+    """The steadily late ranks of the summary, when the locality finding has evidence; not
+    one rank that is last in most steps: the late rank's own figures say it then."""
+    group = d.summary.get("late_group")
+    loc = next((m for m in d.modes if m.mode == "locality"), None)
+    if not group or loc is None or loc.share <= 0:
+        return None
+    lr = d.summary.get("late_rank")
+    alone = lr is not None and lr["persistent"] and group["ranks"] == [lr["rank"]]
+    return None if alone else group
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    shown = ", ".join(map(str, sorted(ranks)[:8]))
+    return f"ranks {shown}{', ...' if len(ranks) > 8 else ''} ({len(ranks)} ranks)"
+
+
+def _reference(summary: dict) -> str:
+    # of two ranks the lateness is behind the other one (no median to speak of)
+    return "the other rank" if summary.get("world_size") == 2 else "the median rank"
 
 
 def lost_line(d: Diagnosis) -> str:
@@ -72,10 +109,7 @@ def lost_line(d: Diagnosis) -> str:
         return ""
     cost = s.get("locality_cost_us", 0.0)
     loc = next((m for m in d.modes if m.mode == "locality" and m.ranks), None)
-    who = "the late ranks"
-    if loc is not None:
-        names = ", ".join(str(r) for r in loc.ranks[:4]) + (", ..." if len(loc.ranks) > 4 else "")
-        who = f"rank{'s' if len(loc.ranks) > 1 else ''} {names}"
+    who = _ranks(loc.ranks) if loc is not None else "the late ranks"
     less = (f" less the {cost / 1e3:.1f} ms by which {who} typically arrived after every "
             f"other rank") if cost > 0 else ""
     return (f"lost {100 * s['lost_fraction']:.1f}% of the measured time: mean step "
