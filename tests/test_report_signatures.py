@@ -145,3 +145,20 @@ def test_a_rank_last_in_a_few_clear_steps_is_not_persistent():
     e[:MIN_CLEAR_STEPS - 1] = [3000.0, 0.0, 2500.0, 2800.0]  # but in 9 steps, rank 1
     lr = late_rank(_run(e, np.full(200, 1e5), np.full(200, 300.0)))
     assert lr["rank"] == 1 and lr["last_fraction"] == 1.0 and not lr["persistent"]
+
+
+def test_the_spike_threshold_shown_is_the_one_applied():
+    """Step times steady to 0.01%, 10 steps 0.5% longer and 10 steps 5% longer: the IQR rule
+    alone would call all 20 spikes, the floor of 1% of the median step keeps the 10 long ones.
+    The evidence must show the threshold that was applied (the rule's, before, with the 20
+    steps above it and 10 counted)."""
+    rng = np.random.default_rng(2)
+    n = 300
+    st = 1e5 + rng.normal(0.0, 10.0, n)
+    st[10:20] += 500.0
+    st[50:60] += 5000.0
+    e = rng.normal(0.0, 20.0, size=(n, 8))
+    e -= e.min(axis=1, keepdims=True)
+    ev = _mode(diagnose(_run(e, st, np.full(n, 300.0))), "runtime_jitter").evidence
+    assert ev["spike_steps"] == 10
+    assert int((st > ev["spike_threshold_us"]).sum()) == 10
