@@ -123,7 +123,12 @@ def test_too_few_steps_is_not_enough_evidence():
     run = to_run("short", Path("x.jsonl"), {"world_size": 2}, recs, [])
     d = diagnose(run)
     assert "only 10 measured steps" in d.summary["note"]
+    assert "telemetry_every" not in d.summary["note"]
     assert all(m.verdict == "not enough evidence" and m.share == 0 for m in d.modes)
+    # A file written one step in 64 (4096 ranks, the default) says so, and what to do
+    sampled = to_run("short", Path("x.jsonl"), {"world_size": 2, "telemetry_every": 64},
+                     recs, [])
+    assert "one step in 64, telemetry_every: run 1920 steps" in diagnose(sampled).summary["note"]
 
 
 def test_nan_and_ragged_records_do_not_break_the_diagnosis():
@@ -182,6 +187,21 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no .jsonl telemetry files"):
         load_runs([tmp_path / "empty"])
+
+
+def test_records_of_one_step_twice_keep_the_later(sim_dir, tmp_path):
+    """Two runs in one file (the first 40 steps of a second run appended after the first
+    run's 100): each step once, the second run's record of it, and a note."""
+    first, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    second, _ = _telemetry(sim_dir, "quiet", 2, 4, 2, steps=100)
+    lines, again = first.read_text().splitlines(), second.read_text().splitlines()[1:41]
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text("\n".join([*lines, *again]) + "\n")
+    run = load_runs([joined])[0]
+    np.testing.assert_array_equal(run.step, np.arange(100))
+    later = [json.loads(line)["step_time_us"] for line in again]
+    np.testing.assert_array_equal(run.step_time[:40], np.array(later, dtype=float))
+    assert any("40 records repeat the step number of an earlier one" in n for n in run.notes)
 
 
 def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):

@@ -254,6 +254,11 @@ def _diagnose(run: Run) -> Diagnosis:
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
         summary["note"] = f"only {n} measured steps (need {MIN_STEPS}): not enough evidence"
+        every = run.header.get("telemetry_every") or 1
+        if isinstance(every, int) and every > 1:  # 4096 ranks: one step in 64 by default
+            summary["note"] += (f" (the file holds one step in {every}, telemetry_every: "
+                                f"run {every * MIN_STEPS} steps past the warm-up, or set "
+                                "PaceConfig(telemetry_every=...) lower)")
         return Diagnosis(summary, [ModeFinding(m, 0.0, 0.0, {}, [],
                                                action=action(m, [], run.comm_backend))
                                    for m in MODES])

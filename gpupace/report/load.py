@@ -143,7 +143,13 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if not earliness:
         why = f"; {len(skipped)} lines skipped, first: {skipped[0]}" if skipped else ""
         raise ValueError(f"{path}: no step records{why}")
-    order = np.argsort(np.asarray(scalars["step"], dtype=np.int64), kind="stable")
+    steps = np.asarray(scalars["step"], dtype=np.int64)
+    order = np.argsort(steps, kind="stable")
+    # Two records of one step (two runs in one file: a restart appended to it, or files
+    # joined by hand): the later in the file is kept, and the report says so.
+    later = np.append(steps[order][1:] != steps[order][:-1], True)
+    repeated = int(later.size - later.sum())
+    order = order[later]
 
     def col(name: str, dtype=np.float64) -> np.ndarray:
         return np.asarray(scalars[name], dtype=dtype)[order]
@@ -160,6 +166,10 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
         delay=matrix(delay, world),
         site_spread=matrix(site_spread, max((r.size for r in site_spread), default=0)),
     )
+    if repeated:
+        run.notes.append(f"{path.name}: {repeated} records repeat the step number of an "
+                         "earlier one (two runs in one file?): the later record of each step "
+                         "is kept")
     if dropped:
         run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
                          f"the steps; this report covers the {run.steps} written")
