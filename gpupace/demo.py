@@ -93,7 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: nccl when there is one GPU per rank, else gloo")
     p.add_argument("--telemetry", metavar="DIR",
                    help="write DIR/{baseline,paced}-{1,2}.jsonl, one file per phase "
-                   "(for gpupace report)")
+                   "(for gpupace report), replacing those of an earlier demo")
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the run is abandoned (default 600)")
@@ -177,7 +177,11 @@ def _make_outputs(args: argparse.Namespace) -> None:
     """The output folders, once every check has passed (a refused run leaves none behind);
     one that can't be made ends the run before it starts."""
     if args.telemetry:
+        from .demo_worker import telemetry_files
+
         Path(args.telemetry).mkdir(parents=True, exist_ok=True)
+        for path in telemetry_files(args.telemetry):  # the demo's own: a rerun replaces them
+            Path(path).unlink(missing_ok=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
 

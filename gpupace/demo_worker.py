@@ -138,15 +138,20 @@ PHASES = (("baseline", "observe", 0), ("paced", "pace", 0), ("paced", "pace", 1)
           ("baseline", "observe", 1))
 
 
+def telemetry_files(telemetry_dir: str | None) -> list[str | None]:
+    """The telemetry file of each phase in `telemetry_dir` (None each without one)."""
+    return [str(Path(telemetry_dir) / f"{side}-{k + 1}.jsonl") if telemetry_dir else None
+            for side, _, k in PHASES]
+
+
 def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str | None,
              **kwargs: Any) -> dict[str, Any]:
     """The four phases; returns the summary of each side over both of its phases."""
     half = schedule.shape[0] // 2
     records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}
     wall = dict.fromkeys(records, 0.0)
-    for side, mode, k in PHASES:
+    for (side, mode, k), path in zip(PHASES, telemetry_files(telemetry_dir), strict=True):
         label = f"{side}-{k + 1}"
-        path = str(Path(telemetry_dir) / f"{label}.jsonl") if telemetry_dir else None
         t0 = time.perf_counter()
         records[side] += train(rank, world, mode=mode, label=label, telemetry_path=path,
                                schedule=schedule[k * half:(k + 1) * half], **kwargs)

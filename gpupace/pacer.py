@@ -105,9 +105,14 @@ class Pacer:
                                  telemetry_every=self.telemetry_every, **(telemetry_extra or {}))
             try:
                 self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
-                                               self.config.telemetry_interval, background=True)
+                                               self.config.telemetry_interval, background=True,
+                                               keep_previous=True)
             except OSError as e:  # a side channel: training goes on without it
                 self._telemetry_failed(e)
+            else:
+                if self._writer.kept is not None:
+                    warn(f"gpupace: telemetry file {self._writer.path} already held a run: "
+                         f"kept it as {self._writer.kept}")
         self._tb = None
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`

@@ -197,6 +197,19 @@ BACKLOG_LIMIT_MB = 256  # ... and past which it drops records, counted in the ne
 CLOSE_NOTICE_MB = 16  # queued at close() past which it says it is writing them (~0.5 s at 4096)
 
 
+def keep_aside(path: Path) -> Path | None:
+    """Renames a non-empty file at `path` to `<name>.1` (or the first free `<name>.<k>`, which
+    `gpupace report DIR` leaves out with its *.jsonl) and returns the new path; None when
+    there is nothing to keep."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    k = 1
+    while (kept := path.with_name(f"{path.name}.{k}")).exists():
+        k += 1
+    path.rename(kept)
+    return kept
+
+
 class TelemetryWriter:
     """Appends records to a JSON-lines file; flushes (and fsyncs) every `interval` records.
 
@@ -207,10 +220,13 @@ class TelemetryWriter:
     A failure in the thread is raised by the next `write`, `flush` or `close`."""
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
-                 background: bool = False):
+                 background: bool = False, keep_previous: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.interval = interval
+        # A restarted job given the same path keeps the run before (a Pacer's file), renamed
+        # to path.1 (the first free number), instead of writing over it.
+        self.kept: Path | None = keep_aside(self.path) if keep_previous else None
         self._pending = 0
         self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
         self._file.write(json.dumps(_finite(header)) + "\n")

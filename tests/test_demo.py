@@ -17,6 +17,9 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     # 8 ms of extra work on rank 1 and 30 measured steps a phase: with 4 ms and 20 steps,
     # the VM's own noise (steps of 12-38 ms) kept the early rank from its holdoff's calm
     # steps, and so from any delay, in ~1 run of 10 under load.
+    (tmp_path / "tel").mkdir()
+    (tmp_path / "tel" / "baseline-1.jsonl").write_text("an earlier demo's\n")  # replaced
+    (tmp_path / "tel" / "mine.jsonl").write_text("not the demo's\n")  # left alone
     rc = main(["demo", "--ranks", "2", "--steps", "100", "--scenario", "persistent",
                "--straggle-ms", "8", "--json", str(out), "--telemetry", str(tmp_path / "tel"),
                "--timeout", "150"])
@@ -50,6 +53,9 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
         assert len(tel.records) == 50 and not tel.skipped
         # the report counts the steps the table counts
         assert first_measured_step(tel.header) == 20
+    assert sorted(p.name for p in (tmp_path / "tel").iterdir()) == [
+        "baseline-1.jsonl", "baseline-2.jsonl", "mine.jsonl", "paced-1.jsonl", "paced-2.jsonl"]
+    assert (tmp_path / "tel" / "mine.jsonl").read_text() == "not the demo's\n"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -265,6 +265,22 @@ def _steps(pacer, n):
         pacer.step()
 
 
+def test_a_restart_with_the_same_telemetry_path_keeps_the_run_before(tmp_path):
+    """A job restarted (from a checkpoint, by torchrun) with the same telemetry_path: the
+    first run's file is kept as t.jsonl.1, then t.jsonl.2, not written over."""
+    path = tmp_path / "t.jsonl"
+    for run, steps in enumerate((4, 3, 2)):
+        if run:
+            with pytest.warns(RuntimeWarning, match=f"already held a run: kept it as .*t.jsonl.{run}"):
+                pacer = Pacer(PaceConfig(warmup_steps=0, telemetry_path=str(path)))
+        else:
+            pacer = Pacer(PaceConfig(warmup_steps=0, telemetry_path=str(path)))
+        _steps(pacer, steps)
+        pacer.close()
+    assert [len(read_telemetry(p).records) for p in (path.with_name("t.jsonl.1"),
+                                                      path.with_name("t.jsonl.2"), path)] == [4, 3, 2]
+
+
 def test_a_telemetry_file_that_cannot_be_written_never_stops_training(tmp_path):
     """A full disk is a side channel's failure: warn, keep what was written, train on."""
     with pytest.warns(RuntimeWarning, match="telemetry file '/dev/full' failed"):
