@@ -4,14 +4,17 @@ study's four failure modes, each with a share, a confidence, its evidence and it
 Method (clock-free telemetry only; warm-up steps left out, here and in every figure and
 count of the report):
 - Ideal step: the 5th percentile of step times (the fastest step the job repeats, not one
-  lucky step) less the steady offset of a persistently late rank, the percentile taken over
-  the steps that paid it (the rank late by at least half of it): no percentile removes an
-  offset that most steps pay. It is what a step would take without the late rank's
-  handicap, so it can lie below every measured step.
+  lucky step), each step time less what a persistently late rank's steady offset added to
+  it (its lead over every other rank, up to the offset), over the steps that paid it (the
+  rank late by at least half of it): no percentile removes an offset that most steps pay.
+  It is what a step would take without the late rank's handicap, so it can lie below every
+  measured step.
 - Lost time = sum over steps of max(step time - ideal, 0); the lost fraction is that over
   the total measured step time (the share of the run's time the ideal would have saved),
-  so it stays between 0 and 100%. Of each step's loss, locality takes up to the offset on
-  the steps that paid it, and the rest is split below.
+  so it stays between 0 and 100%. Of each step's loss, locality takes up to the step's lead
+  on the steps that paid the offset, and the rest is split below.
+  Assumed: a late arrival lengthens the step. Lateness that the step hides (a bucket whose
+  collective overlaps compute that outlasts it) is counted as lost all the same.
 - locality: each rank's lateness behind the median rank; a rank late by a steady offset in
   most steps is a locality rank, and every step loses the largest such offset.
 - Each step's remaining excess over the 5th percentile is split between the arrival spread
@@ -60,9 +63,9 @@ MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth n
 # share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
 LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
-                   "5th-percentile step less what persistently late ranks typically added to "
-                   "it: how much later than every other rank they arrived), summed, as a share "
-                   "of the total measured step time")
+                   "5th percentile of the step times, each less what persistently late ranks "
+                   "added to it: how much later than every other rank they arrived), summed, "
+                   "as a share of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
 
@@ -283,16 +286,16 @@ def _diagnose(run: Run) -> Diagnosis:
     summary["late_cost"] = rank_costs(run)
 
     # -- ideal and lost time. The steps that paid the steady offset: those in which the
-    # locality rank was late by at least half of it (all steps when there is none). The 5th
-    # percentile is taken over them, so that a step in which the late rank happened to be on
-    # time does not stand for the ideal with its offset then taken off a second time.
-    # What the offset cost a step that paid it: not the offset behind the median rank, but
-    # how much later than every other rank the locality ranks' last one arrived, up to the
-    # offset (without it the step would have ended at the latest other rank); its median
-    # over the paying steps.
+    # locality rank was late by at least half of it (all steps when there is none). What the
+    # offset cost such a step: not the offset behind the median rank, but how much later than
+    # every other rank the locality ranks' last one arrived, up to the offset (without it the
+    # step would have ended at the latest other rank): its `lead`. The ideal step is the 5th
+    # percentile of the step times less their lead, step by step, over the paying steps: a
+    # lead taken off a percentile of the step times as one number (before) went below 0 where
+    # the lead varied and was most of the step (a 2-rank demo: ideal 0 ms, 100% lost).
     paying = np.ones(n, dtype=bool)
     offset_us, loc_us = loc_us, 0.0
-    lead = np.zeros(n)  # the locality ranks' lead over every other rank, per step
+    lead = np.zeros(n)  # the locality ranks' lead over every other rank, on the paying steps
     if loc_ranks:
         late_all = lateness(run.earliness[ok])
         late0 = late_all[:, loc_ranks[0]]
@@ -302,10 +305,12 @@ def _diagnose(run: Run) -> Diagnosis:
         others = np.delete(late_all, loc_ranks, axis=1)
         if others.shape[1]:
             ahead = np.nanmax(late_all[:, loc_ranks], axis=1) - np.nanmax(others, axis=1)
-            lead = np.where(paying, np.nan_to_num(np.clip(ahead, 0.0, offset_us)), 0.0)
-            loc_us = _p(np.clip(ahead, 0.0, offset_us)[paying], 50)
+            # a lead longer than its step cannot be (0 where unknown)
+            lead = np.where(paying, np.minimum(np.nan_to_num(np.clip(ahead, 0.0, offset_us)),
+                                               st), 0.0)
+            loc_us = _p(lead[paying], 50)
     p5 = _p(st[paying], 5)
-    loc_us = min(loc_us, p5)  # a cost longer than the step cannot be
+    ideal = _p((st - lead)[paying], 5)
     if loc_ranks:
         # The headline and the cost line name the steadily late ranks together: a late node
         # of 8 ranks has no single rank last in most steps, nor one with a lead over the
@@ -313,12 +318,11 @@ def _diagnose(run: Run) -> Diagnosis:
         summary["late_group"] = {
             "ranks": loc_ranks, "behind_median_us": offset_us,
             "late_fraction": float(consistency[loc_ranks[0]]),
-            "paid_fraction": float(paying.mean()),
+            "paid_fraction": float(paying.mean()), "lead_us": loc_us,
             "cost_us_per_step": float(lead.mean()),
             "share_of_step": float(lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
-    ideal = p5 - loc_us
     lost_step = np.maximum(st - ideal, 0.0)
-    loc_part = np.where(paying, np.minimum(lost_step, loc_us), 0.0)
+    loc_part = np.minimum(lost_step, lead)
     excess = lost_step - loc_part  # what the spread and the transfer split
     lost_total = float(lost_step.sum())
     measured_total = float(st.sum())
@@ -430,9 +434,10 @@ def _diagnose(run: Run) -> Diagnosis:
                   1.0 if regime else 0.0)
     jit_hist = np.bincount(strag[spike & (a > 0) & (strag >= 0)], minlength=run.world_size)
     jit_ranks = [int(r) for r in np.argsort(-jit_hist)[:5] if jit_hist[r] > 0]
-    # As a step time: p5 + the threshold on the excess, on the steps that paid the steady
-    # offset (the others' excess counts the offset as well: loc_us less for them).
-    jit_ev = {"spike_steps": int(spike.sum()), "spike_threshold_us": float(spike_thr + p5),
+    # As a step time: the ideal + the threshold on the excess, + the step's lead on the steps
+    # that paid a steady offset (here its typical one, loc_us; 0 without one).
+    jit_ev = {"spike_steps": int(spike.sum()),
+              "spike_threshold_us": float(ideal + loc_us + spike_thr),
               "step_p99_over_p50": _p(st, 99) / p50, "tail_ratio_p99_iqr": tail,
               "step_max_us": float(st.max()), "regime_switching": regime,
               "regime_high_fraction": reg_info["high_fraction"],

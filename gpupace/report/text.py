@@ -64,9 +64,10 @@ def cost_line(d: Diagnosis) -> str:
     parts = []
     group = _late_group(d)
     if group is not None:
-        parts.append(f"{_ranks(group['ranks'])} arrived after every other rank by up to "
-                     f"{group['cost_us_per_step'] / 1e3:.2f} ms a step "
-                     f"({100 * group['share_of_step']:.1f}% of the measured time)")
+        parts.append(f"{_ranks(group['ranks'])} arrived after every other rank by typically "
+                     f"{group['lead_us'] / 1e3:.2f} ms in {100 * group['paid_fraction']:.0f}% "
+                     f"of the steps: {group['cost_us_per_step'] / 1e3:.2f} ms a step on "
+                     f"average ({100 * group['share_of_step']:.1f}% of the measured time)")
     c = d.summary.get("late_cost")
     if c and (group is None or c["lead_us_per_step"] >= 5.0):  # shown as >= 0.01 ms
         ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
@@ -110,12 +111,12 @@ def lost_line(d: Diagnosis) -> str:
     cost = s.get("locality_cost_us", 0.0)
     loc = next((m for m in d.modes if m.mode == "locality" and m.ranks), None)
     who = _ranks(loc.ranks) if loc is not None else "the late ranks"
-    less = (f" less the {cost / 1e3:.1f} ms by which {who} typically arrived after every "
-            f"other rank") if cost > 0 else ""
+    base = (f"the 5th percentile of the step times, each less the lead by which {who} "
+            f"arrived after every other rank: typically {cost / 1e3:.1f} ms") if cost > 0 \
+        else "the 5th-percentile step"
     return (f"lost {100 * s['lost_fraction']:.1f}% of the measured time: mean step "
             f"{s['mean_step_us'] / 1e3:.1f} ms against an ideal step of "
-            f"{s['ideal_step_us'] / 1e3:.1f} ms (the 5th-percentile step of "
-            f"{s['p5_step_us'] / 1e3:.1f} ms{less})")
+            f"{s['ideal_step_us'] / 1e3:.1f} ms ({base})")
 
 
 def split_line(d: Diagnosis) -> str:
