@@ -311,7 +311,8 @@ class Pacer:
         reduces over the pacer's group, so that must be the model's: a DDP model on a
         data-parallel subgroup (tensor or pipeline parallelism beside it) needs
         `Pacer(..., group=ddp_model.process_group)`, or its gradients would be averaged with
-        other shards'."""
+        other shards'. With `mode="off"` it registers nothing: DDP reduces as it would
+        without gpupace."""
         from .integrations.ddp import ddp_comm_hook
         self.check_group()
         if not callable(getattr(ddp_model, "register_comm_hook", None)):
@@ -328,7 +329,8 @@ class Pacer:
                     f"{_ranks_text(mine)}: build it with Pacer(..., group="
                     f"ddp_model.process_group), or the paced gradients would be averaged over "
                     f"the wrong ranks")
-        ddp_model.register_comm_hook(self, ddp_comm_hook)
+        if self.enabled:
+            ddp_model.register_comm_hook(self, ddp_comm_hook)
 
     def close(self) -> None:
         """Collects what the device still holds, flushes and closes the telemetry file. Safe to
