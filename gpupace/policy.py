@@ -152,6 +152,20 @@ def init_state(n_ranks: int, n_sites: int) -> PolicyState:
     )
 
 
+def resize_state(state: PolicyState, n_sites: int) -> PolicyState:
+    """`state` for another number of sites: the first sites keep what they learnt (and the
+    step count, so that no warm-up restarts), sites past the old ones start afresh. A step with
+    one more paced collective (a logged loss every 20 steps) used to restart the policy twice,
+    warm-up and holdoff, and left pacing off most of the time."""
+    n_ranks, old = state.shape
+    new = init_state(n_ranks, n_sites)
+    keep = min(old, n_sites)
+    for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+        getattr(new, name)[..., :keep] = getattr(state, name)[..., :keep]
+    new.step = state.step
+    return new
+
+
 def update(
     params: PolicyParams,
     state: PolicyState,

@@ -195,9 +195,10 @@ def test_rows_carry_the_sites_seen_not_max_sites():
         # (sites in the record, row length after the step, policy steps, policy sites): 16
         # sites on the first step, then the most seen. A step without sites changes nothing
         # (the policy goes on); the first with 5 times 3 of them, and the policy goes on with
-        # its 3 sites; from the next on 5 (a new layout: the policy starts afresh), then 2.
+        # its 3 sites; from the next on 5, then 2: the policy goes on (its step count too),
+        # the first sites keeping what they learnt.
         assert seen == [(3, 8, 1, 3), (3, 8, 2, 3), (None, 8, 2, 3), (3, 8, 3, 3),
-                        (3, 12, 4, 3), (5, 12, 1, 5), (2, 12, 1, 2), (2, 12, 2, 2)], seen
+                        (3, 12, 4, 3), (5, 12, 5, 5), (2, 12, 6, 2), (2, 12, 7, 2)], seen
 
 
 def test_world_size_one_has_nothing_to_pace():

@@ -15,6 +15,7 @@ from gpupace.policy import (
     deadline_delay,
     init_state,
     oracle_delays,
+    resize_state,
     update,
     update_in_place,
     update_reference,
@@ -570,3 +571,31 @@ def test_one_paused_step_does_not_switch_the_delays_off():
     for _ in range(300):
         later = step(late_us=10_000.0)
     assert later > 1.8 * before  # followed the straggler's new lateness
+
+
+def test_another_site_count_keeps_what_the_first_sites_learnt():
+    """A step with one more paced site (a logged loss), then the usual count again: the first
+    sites keep floors, means, hysteresis and the step count (no new warm-up), a new site
+    starts afresh, and the resized state updates as any other."""
+    params = PolicyParams.from_config(PaceConfig(warmup_steps=0, on_steps=1), 4)
+    state = init_state(4, 2)
+    rng = np.random.default_rng(0)
+    def early(sites):
+        w = rng.uniform(0.0, 100.0, (4, sites))
+        w[3] += 5000.0  # rank 3 early at every site
+        return w
+
+    for _ in range(60):
+        update_in_place(params, state, early(2), np.zeros((4, 2)), np.full(4, 1e5))
+    assert state.floor[3].min() > 1000.0
+    grown = resize_state(state, 3)
+    assert grown.shape == (4, 3) and grown.step == state.step == 60
+    for name in ("floor", "calm", "mean", "var"):
+        np.testing.assert_array_equal(getattr(grown, name)[:, :2], getattr(state, name))
+    np.testing.assert_array_equal(grown.var[:, 2], -1.0)  # no sample yet
+    assert grown.active[:2].all() and not grown.active[2]
+    shrunk = resize_state(grown, 2)
+    np.testing.assert_array_equal(shrunk.floor, state.floor)
+    stats = update_in_place(params, shrunk, early(2), np.zeros((4, 2)), np.full(4, 1e5),
+                            rank=3)
+    assert shrunk.step == 61 and stats.delay[3].sum() > 0  # pacing goes on, no warm-up

@@ -180,10 +180,12 @@ class HostEngine:
             self._next_delay[:] = 0.0
             return None
         n = min(n, width)  # sites past the rows' width: timed for nobody this step
-        if self.state is None or self.state.shape != (self.world_size, n):
-            self.state = policy.init_state(self.world_size, n)  # new site layout: start afresh
-            self._usual[:] = np.nan
-            self._last_exit_ns[:] = 0
+        if self.state is None:
+            self.state = policy.init_state(self.world_size, n)
+        elif self.state.shape[1] != n:  # another site count: the first sites keep their state
+            self.state = policy.resize_state(self.state, n)
+            self._usual[n:] = np.nan
+            self._last_exit_ns[n:] = 0
         w, d, steps = rows[:, 2:2 + n], rows[:, 2 + width:2 + width + n], rows[:, 1]
         stats = policy.update_in_place(self.params, self.state, w, d, steps, rank=self.rank)
         self._next_delay[:] = 0.0

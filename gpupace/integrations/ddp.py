@@ -6,9 +6,9 @@
     loss.backward(); opt.step(); pacer.step()
 
 Each bucket is one site, in the order DDP launches them. DDP rebuilds its buckets after the
-first iteration, so the site layout can change once: the policy restarts then, inside
-`warmup_steps`. The hook averages as DDP's built-in reducer does: it multiplies each
-gradient by 1 / world size, then sums. (Dividing, as torch's `allreduce_hook` does, rounds
+first iteration, so the site layout can change once (inside `warmup_steps`); a step with
+another site count keeps what the first sites learnt. The hook averages as DDP's built-in
+reducer does: it multiplies each gradient by 1 / world size, then sums. (Dividing, as torch's `allreduce_hook` does, rounds
 otherwise where the world size is not a power of two: 7e-9 apart after a few steps at 3
 ranks.)
 """
