@@ -138,15 +138,37 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# What each field of a record read from JSON may hold (a hand-edited or foreign file): a
+# wrong one makes the record unreadable, skipped with the field named, not a crash later.
+_INT_FIELDS = {"step", "straggler", "dropped_before"}
+_LIST_FIELDS = {"earliness_us", "wait_us", "delay_us", "step_times_us", "site_spread_us"}
+
+
 def _from_json(name: str, v: Any) -> Any:
-    """A field read from JSON: null is NaN; a list becomes a float64 array (null as NaN)."""
-    if v is None:
-        return float("nan")
-    if isinstance(v, list):
-        a = np.array(v, dtype=np.float64)  # raises ValueError on anything but numbers and null
+    """A field read from JSON: null is NaN; a list becomes a float64 array (null as NaN).
+    Raises ValueError for a value of the wrong kind, naming the field."""
+    if name in _LIST_FIELDS:
+        if not isinstance(v, list):
+            raise ValueError(f"{name} must be a list of numbers, got {v!r:.40}")
+        try:
+            a = np.array(v, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a list of numbers or null, got {v!r:.40}") from None
         if a.ndim != 1:
             raise ValueError(f"{name} must be a list of numbers, got {a.ndim} dimensions")
         return a
+    if name in _INT_FIELDS:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{name} must be an integer, got {v!r:.40}")
+        return v
+    if name == "active":
+        if not isinstance(v, bool):
+            raise ValueError(f"active must be true or false, got {v!r:.40}")
+        return v
+    if v is None:
+        return float("nan")
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f"{name} must be a number or null, got {v!r:.40}")
     return v
 
 
@@ -229,7 +251,9 @@ class TelemetryWriter:
         self.kept: Path | None = keep_aside(self.path) if keep_previous else None
         self._pending = 0
         self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
-        self._file.write(json.dumps(_finite(header)) + "\n")
+        # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
+        # text rather than failing on the writing rank alone (the others would go on).
+        self._file.write(json.dumps(_finite(header), default=str) + "\n")
         self._lock = threading.Lock()  # the file, between the thread and flush/close
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
@@ -379,6 +403,9 @@ def _open(path: Path) -> TextIO:
     return open(path, encoding="utf-8", errors="replace")
 
 
+MAX_WORLD_SIZE = 1 << 20  # a header past it is corrupt (the simulator stops at 65536 ranks)
+
+
 def _header(f: TextIO, path: Path) -> dict[str, Any]:
     first = f.readline()
     if not first.strip():
@@ -389,6 +416,14 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
     if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
         raise ValueError(f"{path}: line 1 is not a gpupace telemetry header")
+    for name in ("format", "world_size", "rank"):  # what the reader sizes and sorts by
+        v = header.get(name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{path}: header field {name!r} must be a non-negative integer, "
+                             f"got {v!r:.40}")
+    if header.get("world_size", 0) > MAX_WORLD_SIZE:
+        raise ValueError(f"{path}: header world_size {header['world_size']} is past the "
+                         f"{MAX_WORLD_SIZE} ranks gpupace reads")
     if header.get("format", 0) > FORMAT_VERSION:
         raise ValueError(f"{path}: format {header.get('format')} is newer than this gpupace "
                          f"reads ({FORMAT_VERSION}); upgrade gpupace")

@@ -17,6 +17,7 @@ from gpupace.telemetry import (
     TelemetryWriter,
     first_measured_step,
     make_header,
+    read_header,
     read_telemetry,
 )
 
@@ -130,11 +131,37 @@ def test_cut_and_corrupt_lines_are_skipped_and_listed(tmp_path):
     assert tel.records[0].wait_us.dtype == np.float64 and tel.records[0].wait_us[1] == 100.0
 
 
+@pytest.mark.parametrize("edit, message", [
+    (("step", "x"), "step must be an integer, got 'x'"),
+    (("step", None), "step must be an integer, got None"),
+    (("straggler", None), "straggler must be an integer"),
+    (("earliness_us", 5), "earliness_us must be a list of numbers, got 5"),
+    (("earliness_us", "abc"), "earliness_us must be a list of numbers, got 'abc'"),
+    (("spread_us", "1"), "spread_us must be a number or null, got '1'"),
+    (("active", 1), "active must be true or false, got 1"),
+])
+def test_a_record_with_a_value_of_the_wrong_kind_is_skipped_naming_it(tmp_path, edit, message):
+    """Valid JSON with a wrong value (a hand-edited or foreign file): the record is skipped
+    and the field named, not a crash (a TypeError, NaN to int) when the report reads it."""
+    path = tmp_path / "t.jsonl"
+    bad = json.loads(record(1).to_json())
+    bad[edit[0]] = edit[1]
+    path.write_text("\n".join([json.dumps(make_header(source="test", world_size=2)),
+                               record(0).to_json(), json.dumps(bad)]) + "\n")
+    tel = read_telemetry(path)
+    assert [r.step for r in tel.records] == [0]
+    assert len(tel.skipped) == 1 and message in tel.skipped[0], tel.skipped
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "does not exist"),
     ("", "is empty"),
     ("[1, 2]\n", "not a gpupace telemetry header"),
     ('{"gpupace": "telemetry", "format": 99}\n', "newer than this gpupace reads"),
+    ('{"gpupace": "telemetry", "format": "2"}\n', "'format' must be a non-negative integer"),
+    ('{"gpupace": "telemetry", "world_size": "abc"}\n', "'world_size' must be a non-negative"),
+    ('{"gpupace": "telemetry", "rank": -1}\n', "'rank' must be a non-negative integer, got -1"),
+    ('{"gpupace": "telemetry", "world_size": 1000000000}\n', "past the 1048576 ranks"),
 ])
 def test_bad_files_name_themselves(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
@@ -344,3 +371,10 @@ def test_the_report_notes_records_the_writer_dropped(tmp_path, capsys):
 
     assert main(["report", str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 0
     assert "  note: t.jsonl: the writer dropped 5 records" in capsys.readouterr().out
+
+
+def test_a_header_value_json_cannot_encode_is_written_as_text(tmp_path):
+    header = make_header(source="test", world_size=2, out_dir=tmp_path, batch=np.int64(256))
+    TelemetryWriter(tmp_path / "t.jsonl", header).close()
+    written = read_header(tmp_path / "t.jsonl")
+    assert written["out_dir"] == str(tmp_path) and written["batch"] == "256"
