@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Joinable, JoinHook
 
 from .agree import check_ranks_agree
-from .backends import BACKENDS, device_backend_missing, group_backend
+from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
 from .backends.host import HostEngine
 from .config import PaceConfig
 from .summary import Summary, summarize
@@ -37,7 +38,7 @@ from .warn import warn
 MISSING_STEP_FACTOR = 4
 
 
-class Pacer:
+class Pacer(Joinable):
     """Paces the collectives of one process group. See the module docstring.
 
     `backend`: "host" (CPU clock, any group), "device" (CUDA group; needs triton and cupy) or
@@ -52,6 +53,7 @@ class Pacer:
                  backend: str = "auto", samples_per_step: float = 1.0, label: str = "",
                  telemetry_extra: dict[str, Any] | None = None,
                  tensorboard_dir: str | os.PathLike | None = None):
+        super().__init__()  # Joinable: uneven inputs, `Join([ddp_model, pacer])`
         self.config = config if config is not None else PaceConfig()
         if not isinstance(self.config, PaceConfig):
             raise TypeError(f"config must be a PaceConfig, got {type(self.config).__name__}")
@@ -231,6 +233,10 @@ class Pacer:
         the delays of the next step and records telemetry. Call it on every rank, once per step,
         after the step's paced collectives have completed."""
         self.check_group()
+        if self._join_config.enable and self._join_config.is_first_joinable:
+            raise ValueError("pass the pacer to Join after the DDP model, Join([ddp_model, "
+                             "pacer]): a rank that ran out of inputs must shadow the model's "
+                             "gradient all-reduces before the pacer's step")
         self.steps += 1
         if not self.enabled:
             return None
@@ -254,6 +260,23 @@ class Pacer:
         if record is not None:
             self._keep(record)
         return record
+
+    # -- uneven inputs (torch.distributed.algorithms.join) -----------------------------------
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """For `Join([ddp_model, pacer])`: a rank that ran out of inputs runs the model's
+        join hook (its zero-gradient all-reduces go through the pacing hook as sites) and then
+        this one, `step()`, so that the others' step all_gather has its row. Without it they
+        waited in that all_gather until the process group's timeout."""
+        return _PacerJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        nccl = self.world_size > 1 and group_backend(self.group) == "nccl"
+        return cuda_device(self.group) if nccl else torch.device("cpu")
+
+    @property
+    def join_process_group(self) -> Any:
+        return self.group if self.group is not None else dist.group.WORLD
 
     def drain(self) -> list[StepRecord]:
         """Collects the telemetry records the device backend still holds (it copies them back
@@ -353,6 +376,16 @@ class Pacer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _PacerJoinHook(JoinHook):
+    """A joined rank's share of each step: the pacer's step (see `Pacer.join_hook`)."""
+
+    def __init__(self, pacer: Pacer):
+        self.pacer = pacer
+
+    def main_hook(self) -> None:
+        self.pacer.step()
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -177,6 +177,49 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
+def _uneven(rank, world, mode, pacer_first=False):
+    """Rank 0 has 6 batches, rank 1 4: the joined rank shadows the other's collectives."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 640), torch.nn.ReLU(), torch.nn.Linear(640, 600))
+    ddp = DDP(model, bucket_cap_mb=0.5)
+    pacer = Pacer(PaceConfig(mode=mode, warmup_steps=1)) if mode else None
+    if pacer is not None:
+        pacer.attach(ddp)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    joinables = [ddp] if pacer is None else [pacer, ddp] if pacer_first else [ddp, pacer]
+    try:
+        with Join(joinables):
+            for _ in range(6 if rank == 0 else 4):
+                opt.zero_grad()
+                ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+                opt.step()
+                if pacer is not None:
+                    pacer.step()
+    except ValueError as e:
+        return str(e)
+    return [p.detach().clone() for p in model.parameters()], pacer and pacer.steps
+
+
+@pytest.mark.timeout(300)
+def test_uneven_inputs_under_join_train_like_plain_ddp():
+    """DDP's uneven inputs: with the pacer in Join after the model, a rank out of batches
+    shadows the pacer's step as well, and training matches DDP under Join bit for bit (the
+    pacer outside Join left the other rank in its step's all_gather until the timeout).
+    Before the model, refused on every rank."""
+    plain = run_ranks(_uneven, 2, None, collective_timeout_s=30)
+    paced = run_ranks(_uneven, 2, "pace", collective_timeout_s=30)
+    for (p_plain, _), (p_paced, steps) in zip(plain, paced, strict=True):
+        assert steps == 6  # the joined rank's two shadowed steps count
+        for a, b in zip(p_plain, p_paced, strict=True):
+            assert torch.equal(a, b)
+    for refused in run_ranks(_uneven, 2, "observe", True, collective_timeout_s=30):
+        assert "Join([ddp_model, pacer])" in refused
+
+
 def _widths(rank, world):
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, max_sites=16))
     seen = []
