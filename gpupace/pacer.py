@@ -352,8 +352,16 @@ class Pacer(Joinable):
                     f"{_ranks_text(mine)}: build it with Pacer(..., group="
                     f"ddp_model.process_group), or the paced gradients would be averaged over "
                     f"the wrong ranks")
-        if self.enabled:
+        if not self.enabled:
+            return
+        try:
             ddp_model.register_comm_hook(self, ddp_comm_hook)
+        except RuntimeError as e:
+            if "only be called once" not in str(e):
+                raise
+            raise RuntimeError("this DDP model already has a comm hook (an earlier attach(), "
+                               "or one such as fp16_compress_hook): DDP takes one, and gpupace "
+                               "paces through its own, so the two cannot be combined") from e
 
     def close(self) -> None:
         """Collects what the device still holds, flushes and closes the telemetry file. Safe to

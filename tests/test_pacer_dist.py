@@ -156,6 +156,11 @@ def _ddp_on_a_subgroup(rank, world):
         refused = str(e)
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0), group=dp)
     pacer.attach(ddp)
+    try:
+        pacer.attach(ddp)  # DDP has one comm-hook slot
+        twice = None
+    except RuntimeError as e:
+        twice = str(e)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
     ddp(x).sum().backward()
     pacer.step()
@@ -163,14 +168,16 @@ def _ddp_on_a_subgroup(rank, world):
     mean = plain.weight.grad.clone()
     dist.all_reduce(mean, group=dp)  # the pair's mean, not the world's
     mean /= 2
-    return refused, torch.allclose(model.weight.grad, mean), pacer.world_size
+    return refused, torch.allclose(model.weight.grad, mean), pacer.world_size, twice
 
 
 def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
     """A DDP model on a data-parallel subgroup: the hook would average its gradients over the
     pacer's group (the world), with other shards'. Refused, naming both; on the model's group
     it paces and the gradients are the pair's mean."""
-    for rank, (refused, mean_of_pair, world) in enumerate(run_ranks(_ddp_on_a_subgroup, 4)):
+    for rank, (refused, mean_of_pair, world, twice) in enumerate(
+            run_ranks(_ddp_on_a_subgroup, 4)):
+        assert "already has a comm hook" in twice
         assert refused is not None and "group=ddp_model.process_group" in refused, refused
         pair = "[0, 1]" if rank < 2 else "[2, 3]"
         assert f"reduces over ranks {pair}" in refused and "over [0, 1, 2, 3]" in refused
