@@ -154,14 +154,16 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
             f"phases of a side needs {settle_steps(config, args.ranks)} steps for its pacer to "
             f"settle (warm-up, then a holdoff of {config.holdoff_factor:g} steps a rank) and "
             f"{STATS_STEPS} more for its statistics")
+    if args.steps % 2:
+        raise ValueError(f"--steps must be even (two phases a side, half each), got {args.steps}")
     if not (args.straggle_ms >= 0 and math.isfinite(args.straggle_ms)):
         raise ValueError(f"--straggle-ms must be a finite number >= 0, got {args.straggle_ms}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    if args.timeout <= 0:
-        raise ValueError(f"--timeout must be > 0, got {args.timeout}")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):  # nan: no deadline at all
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     _check_outputs(args)
 
 

@@ -84,6 +84,9 @@ def test_schedule_scenarios_put_the_work_where_they_say():
         (["--straggle-ms", "nan"], "--straggle-ms must be a finite number"),
         (["--batch", "0"], "--batch must be >= 1"),
         (["--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--steps", "101"], "--steps must be even (two phases a side, half each), got 101"),
+        (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
+        (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),
     ],
 )
 def test_demo_bad_options_give_one_clear_error(argv, message, capsys):

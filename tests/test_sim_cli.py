@@ -159,3 +159,9 @@ def test_labelled_telemetry_one_mode_per_file(tmp_path, mode):
     assert len(t.records) == 40 and t.header["world_size"] == 8
     if mode != "quiet":
         assert mode in t.header["sim"]["failure_modes"]
+
+
+def test_nodes_are_sorted_and_each_simulated_once():
+    from gpupace.sim.cli import parse_nodes
+
+    assert parse_nodes("16,4,8,4") == [4, 8, 16]

@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_nodes(text: str) -> list[int]:
-    """'4,8,16' -> [4, 8, 16]; ValueError naming the parameter and the allowed range."""
+    """'4,8,16' -> [4, 8, 16], sorted, each once; ValueError naming the parameter and the
+    allowed range."""
     try:
         nodes = [int(t) for t in text.split(",")]  # an empty item ('4,,8') fails here
     except ValueError:
@@ -63,7 +64,7 @@ def parse_nodes(text: str) -> list[int]:
     if not nodes or any(not 1 <= n <= 4096 for n in nodes):
         raise ValueError(f"--nodes must be a comma-separated list of integers in [1, 4096], "
                          f"got {text!r}")
-    return nodes
+    return sorted(set(nodes))  # the table and the plot's lines go by size
 
 
 def check_plot(path: str) -> None:
