@@ -72,5 +72,19 @@ def check_output_file(option: str, path: str) -> None:
                          f"got {path!r} ({parent} is not a writable directory)")
 
 
+def check_output_dir(option: str, path: str) -> None:
+    """ValueError naming `option` unless `path` can be written as a folder: not a file, and
+    its nearest existing folder (itself, or a parent) writable."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{option} must be a folder, got the file {path!r}")
+    parent = p
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(f"{option} must be a folder that can be created and written, got "
+                         f"{path!r} ({parent} is not a writable directory)")
+
+
 if __name__ == "__main__":
     sys.exit(main())

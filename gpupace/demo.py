@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .cli import check_output_file
+from .cli import check_output_dir, check_output_file
 from .config import PaceConfig
 from .launch import run_ranks
 from .summary import SUMMARY_ROWS
@@ -169,8 +169,8 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Before the run, not after it: a bad path must not cost the results."""
-    if args.telemetry and Path(args.telemetry).exists() and not Path(args.telemetry).is_dir():
-        raise ValueError(f"--telemetry must be a directory, got the file {args.telemetry}")
+    if args.telemetry:
+        check_output_dir("--telemetry", args.telemetry)
     if args.json:
         check_output_file("--json", args.json)
 

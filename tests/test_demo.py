@@ -101,7 +101,7 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
     assert (f"--json must be a file path, got the directory {str(tmp_path)!r}"
             in capsys.readouterr().err)
     assert main(["demo", "--telemetry", str(a_file)]) == 2
-    assert f"--telemetry must be a directory, got the file {a_file}" in capsys.readouterr().err
+    assert f"--telemetry must be a folder, got the file '{a_file}'" in capsys.readouterr().err
     assert main(["demo", "--json", str(a_file / "out.json")]) == 2  # a file as a parent
     assert "gpupace demo: error:" in capsys.readouterr().err
 

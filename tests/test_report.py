@@ -4,6 +4,7 @@ files, and the CLI end to end."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -208,7 +209,39 @@ def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):
     src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
     (tmp_path / "out").write_text("not a directory")
     rc, cap = _report(tmp_path, capsys, src)
-    assert rc == 2 and "is not a directory" in cap.err
+    assert rc == 2 and "--out must be a folder, got the file" in cap.err
+
+
+def test_out_in_a_folder_that_cannot_be_written_is_refused_before_reading(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anywhere
+            pytest.skip("running as root: no folder is unwritable")
+        # refused before the file is read: it does not even exist
+        rc = main(["report", str(tmp_path / "none.jsonl"), "--out", str(locked / "new")])
+        err = capsys.readouterr().err
+        assert rc == 2 and "--out must be a folder that can be created and written" in err
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_report_into_an_earlier_reports_folder_leaves_none_of_it(sim_dir, tmp_path, capsys):
+    """Four runs reported, then one into the same --out: the old findings.json and the plots
+    of the runs no longer there are removed; a file of the user's stays."""
+    a, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    b, _ = _telemetry(sim_dir, "locality", 1, 8, 1)
+    out = tmp_path / "out"
+    assert _report(tmp_path, capsys, a, b)[0] == 0
+    before = {p.name for p in out.iterdir()}
+    (out / "notes.txt").write_text("mine")
+    assert main(["report", str(a), "--out", str(out), "--quiet"]) == 0
+    after = {p.name for p in out.iterdir()}
+    assert "findings.json" in before and "findings.json" not in after
+    assert "notes.txt" in after and after - {"notes.txt"} < before
+    page = (out / "report.html").read_text()
+    assert after - {"notes.txt", "report.html"} == set(re.findall(r"data-file='([^']+)'", page))
 
 
 def test_without_out_the_text_alone_and_nothing_written(sim_dir, tmp_path, capsys,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
+from ..cli import check_output_dir
 from .compare import cli_line
 from .diagnose import LOST_DEFINITION, diagnose
 from .html import findings, render
@@ -34,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.out is None:
         raise ValueError("--json writes DIR/findings.json: give --out DIR with it")
     out = Path(args.out) if args.out is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a directory")
+    if out is not None:  # before the reading, which takes ~20 s at 4096 ranks
+        check_output_dir("--out", args.out)
     progress = None if args.quiet else stderr_progress
     runs = load_runs(args.files, progress=progress)
     diags = [diagnose(r) for r in runs]
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         print("(--out DIR writes the HTML report, its plots and, with --json, findings.json)")
         return 0
     out.mkdir(parents=True, exist_ok=True)
+    _clear_earlier_report(out)
     if progress:
         progress(f"plotting {len(runs)} run(s)")
     plots = make_all(runs, diags, out, progress)
@@ -67,3 +70,16 @@ def run(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         print(path)
     return 0
+
+
+def _clear_earlier_report(out: Path) -> None:
+    """Removes what an earlier report wrote in `out` (its page, findings.json and the plots
+    its page names), so that none of it is left beside the new one (a findings.json of other
+    runs, a lateness plot of a fourth run). Other files are left alone."""
+    page = out / "report.html"
+    if not page.is_file():
+        return
+    names = re.findall(r"data-file='([^'/\\]+)'", page.read_text(encoding="utf-8",
+                                                                   errors="replace"))
+    for name in {"report.html", "findings.json", *names}:
+        (out / name).unlink(missing_ok=True)
