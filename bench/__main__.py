@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from gpupace.cli import check_output_dir
+
 from .harness import RESULTS_DIR, Harness, Machine
 
 Bench = Callable[[Harness], None]
@@ -106,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         "--note", default="", help="free text stored in every row, e.g. 'VM shared with other jobs'"
     )
     args = ap.parse_args(argv)
+    try:  # before the benchmarks: a path that cannot be written must not cost their figures
+        check_output_dir("--out", str(args.out))
+    except ValueError as e:
+        ap.error(str(e))
     suites = ("cpu", "gpu") if args.suite == "all" else (args.suite,)
     rc = 0
     for suite in suites:

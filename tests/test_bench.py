@@ -107,6 +107,15 @@ def test_gpu_suite_skips_cleanly_without_cuda(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no GPU figure is ever written without a GPU
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_any_benchmark(tmp_path, capsys):
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    with pytest.raises(SystemExit) as e:
+        main(["--suite", "cpu", "--quick", "--out", str(a_file / "x")])
+    assert e.value.code == 2
+    assert "--out must be a folder that can be created and written" in capsys.readouterr().err
+
+
 def test_gpu_benchmarks_import_and_each_skip_with_a_reason(tmp_path):
     from bench.__main__ import gpu_benchmarks
 
