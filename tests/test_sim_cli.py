@@ -108,7 +108,7 @@ def test_telemetry_round_trip_matches_the_result(tmp_path):
     t = read_telemetry(path)
     assert t.header["sim"]["failure_modes"] == ["locality"]
     assert t.header["sim"]["slow_ranks"] == [6, 7]
-    assert t.header["sim"]["policy"] == "gpupace" and t.header["label"] == "locality"
+    assert t.header["sim"]["policy"] == "gpupace" and t.header["label"] == "locality 1x8 gpupace"
     assert len(t.header["sites"]) == res.scenario.buckets
     recs = t.records
     assert len(recs) == 300 and all(len(r.earliness_us) == 8 for r in recs)
@@ -155,7 +155,7 @@ def test_fit_reads_jitter_as_noise(tmp_path):
 @pytest.mark.parametrize("mode", ["quiet", "jitter", "locality", "fabric", "amplification"])
 def test_labelled_telemetry_one_mode_per_file(tmp_path, mode):
     t = read_telemetry(labelled_telemetry(mode, tmp_path / f"{mode}.jsonl", nodes=1, steps=40))
-    assert t.header["label"] == mode and t.header["sim"]["preset"] == mode
+    assert t.header["label"] == f"{mode} 1x8 none" and t.header["sim"]["preset"] == mode
     assert len(t.records) == 40 and t.header["world_size"] == 8
     if mode != "quiet":
         assert mode in t.header["sim"]["failure_modes"]

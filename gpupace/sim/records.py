@@ -31,10 +31,13 @@ from .simulate import SimResult
 
 
 def sim_header(result: SimResult, label: str | None = None) -> dict[str, Any]:
-    """The telemetry header of a simulated run, with a `sim` entry describing the ground truth."""
+    """The telemetry header of a simulated run, with a `sim` entry describing the ground truth.
+    The label, unless given: the preset, the size and the policy ("locality 4x8 gpupace"),
+    so that a report of several simulated runs tells them apart."""
     sc = result.scenario
-    header = make_header(source="sim", world_size=sc.ranks, rank=0,
-                         label=sc.name if label is None else label,
+    if label is None:
+        label = f"{sc.name} {sc.nodes}x{sc.gpus_per_node} {result.policy}"
+    header = make_header(source="sim", world_size=sc.ranks, rank=0, label=label,
                          sites=[f"bucket{b}" for b in range(sc.buckets)],
                          config=result.config.to_dict())
     header["sim"] = {
@@ -88,7 +91,8 @@ def labelled_telemetry(preset: str, path: str | os.PathLike, *, nodes: int = 2,
                        gpus_per_node: int = 8, steps: int = 400, seed: int = 0,
                        policy: str = "none") -> Path:
     """Simulates preset `preset` (see `gpupace.sim.presets.PRESETS`) and writes its telemetry
-    to `path`, labelled with the preset's name: test data with a known failure mode."""
+    to `path` (labelled "<preset> <nodes>x<gpus> <policy>"): test data with a known failure
+    mode."""
     from .presets import get_preset
     from .simulate import simulate
 
