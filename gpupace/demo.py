@@ -206,8 +206,7 @@ def _backend(args: argparse.Namespace) -> str:
 
 KEYS = ("throughput", "step_time_mean", "step_time_cv", "step_time_p50", "step_time_p99",
         "step_time_max", "spread_mean", "spread_p99", "entry_spread_mean", "entry_spread_p99",
-        "delay_mean", "active_fraction", "delayed_fraction", "straggler_histogram", "wall_s",
-        "steps")
+        "delay_mean", "active_fraction", "delayed_fraction", "straggler_histogram", "steps")
 
 
 def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],

@@ -149,16 +149,12 @@ def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str 
     """The four phases; returns the summary of each side over both of its phases."""
     half = schedule.shape[0] // 2
     records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}
-    wall = dict.fromkeys(records, 0.0)
     for (side, mode, k), path in zip(PHASES, telemetry_files(telemetry_dir), strict=True):
         label = f"{side}-{k + 1}"
-        t0 = time.perf_counter()
         records[side] += train(rank, world, mode=mode, label=label, telemetry_path=path,
                                schedule=schedule[k * half:(k + 1) * half], **kwargs)
-        wall[side] += time.perf_counter() - t0
         dist.barrier()
     out = {}
     for side, recs in records.items():
         out[side] = summarize(recs, world, kwargs["batch"] * world)
-        out[side]["wall_s"] = wall[side]
     return out
