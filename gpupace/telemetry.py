@@ -398,8 +398,10 @@ def read_header(path: str | os.PathLike) -> dict[str, Any]:
 def _open(path: Path) -> TextIO:
     if path.is_dir():
         raise ValueError(f"telemetry file {path} is a directory: give one .jsonl file in it")
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"telemetry file {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"telemetry file {path} is not a regular file")
     return open(path, encoding="utf-8", errors="replace")
 
 

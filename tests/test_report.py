@@ -168,12 +168,13 @@ def test_empty_missing_and_foreign_files_give_one_clear_error(tmp_path, capsys):
     header_only = tmp_path / "header.jsonl"
     header_only.write_text('{"gpupace": "telemetry", "format": 1, "world_size": 2}\n')
     for path, why in ((empty, "is empty"), (tmp_path / "nope.jsonl", "does not exist"),
+                      (Path("/dev/null"), "is not a regular file"), ("", "path is empty"),
                       (foreign, "not a gpupace telemetry header"), (header_only, "no step records")):
         rc, cap = _report(tmp_path, capsys, path)
         assert rc == 2
         lines = cap.err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("gpupace report: error:"), cap.err
-        assert why in lines[0] and path.name in lines[0]
+        assert why in lines[0] and Path(path).name in lines[0]
 
 
 def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):

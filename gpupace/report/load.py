@@ -228,7 +228,10 @@ def expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
     if not paths:
         raise ValueError("no telemetry files given")
     files: list[Path] = []
-    for p in map(Path, paths):
+    for given in paths:
+        if not str(given).strip():  # Path("") is ".": the current folder, not what was meant
+            raise ValueError("a telemetry path is empty")
+        p = Path(given)
         if p.is_dir():
             found = sorted(p.glob("*.jsonl"))
             if not found:

@@ -159,7 +159,8 @@ def cdf(runs: Sequence[Run], out: Path) -> str:
     ax.set_xlabel("step time (ms)")
     ax.set_ylabel("fraction of steps")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # no run with measured steps: no legend (a warning)
+        ax.legend(loc="lower right", fontsize=8)
     return _save(fig, out, "cdf.png")
 
 
