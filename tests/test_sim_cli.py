@@ -165,3 +165,13 @@ def test_nodes_are_sorted_and_each_simulated_once():
     from gpupace.sim.cli import parse_nodes
 
     assert parse_nodes("16,4,8,4") == [4, 8, 16]
+
+
+def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
+    from gpupace.sim.table import format_table
+
+    row = {"nodes": 4, "ranks": 32, "policy": "gpupace", "throughput": 611.0,
+           "step_time_cv": 0.03, "step_time_p99": 1e5, "gain_pct": -0.001,
+           "oracle_fraction": -0.003}
+    line = format_table([row]).splitlines()[-1]
+    assert line.split()[-2:] == ["0.00", "0"], line
