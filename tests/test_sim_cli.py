@@ -138,9 +138,13 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     rc = main(["simulate", "--from-telemetry", str(path), "--nodes", "1,4", "--steps", "100",
                "--json", str(js)])
     assert rc == 0
-    rows = json.loads(js.read_text())["rows"]
+    doc = json.loads(js.read_text())
+    rows = doc["rows"]
     assert [r["ranks"] for r in rows] == [8, 8, 8, 32, 32, 32]
+    assert len(doc["fit"]["offsets_us"]) == 8  # the whole fit in the file
     out = capsys.readouterr().out
+    fitted = next(ln for ln in out.splitlines() if ln.startswith("fitted from"))
+    assert "8 ranks" in fitted and "2 ranks steadily late (up to 3.0 ms)" in fitted, fitted
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
     assert len(note) == 1 and "coupling=0.2" in note[0] and "What if the job ran on 512 GPUs" in note[0]
 

@@ -91,6 +91,18 @@ class TelemetryFit:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
+    def describe(self) -> str:
+        """The fit in one line (`to_dict` holds every rank's offset: 10 KB at 512 ranks)."""
+        offsets = np.asarray(self.offsets_us, dtype=np.float64)
+        late = offsets[offsets >= 100.0]
+        ranks = (f"{late.size} rank{'s' if late.size != 1 else ''} steadily late (up to "
+                 f"{late.max() / 1e3:.1f} ms)") if late.size else "no steadily late rank"
+        return (f"{self.world_size} ranks, {self.sites} sites, {self.steps} steps ("
+                f"{self.warmup_steps} of warm-up left out): compute {self.compute_us / 1e3:.1f} ms, "
+                f"exposed communication {self.exposed_comm_us / 1e3:.1f} ms, noise "
+                f"{100 * self.noise_sigma:.1f}%, spikes in {100 * self.spike_prob:.1f}% of the "
+                f"steps ({self.spike_us / 1e3:.1f} ms, tail {self.spike_alpha:.1f}), {ranks}")
+
 
 def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     """Fits compute, locality offsets and jitter from a telemetry file (see the module doc).

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
         def make(n: int) -> Scenario:
             return fit.scenario(n, args.gpus_per_node)
-        print(f"fitted from {args.from_telemetry}: {json.dumps(fit.to_dict())}")
+        print(f"fitted from {args.from_telemetry}: {fit.describe()}")
         for note in fit.notes:
             print(f"fit: {note}")
     else:
@@ -153,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {"preset": name,
                                "rows": [{k: finite(v) if isinstance(v, float) else v
                                          for k, v in r.items()} for r in rows]}
+        if args.from_telemetry:  # the whole fit, every rank's offset with it
+            out["fit"] = {k: finite(v) if isinstance(v, float) else v
+                          for k, v in fit.to_dict().items()}
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     if args.plot:
