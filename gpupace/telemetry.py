@@ -423,10 +423,10 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             raise ValueError(f"{path}: header field {name!r} must be a non-negative integer, "
                              f"got {v!r:.40}")
-    if header.get("world_size", 0) > MAX_WORLD_SIZE:
+    if (header.get("world_size") or 0) > MAX_WORLD_SIZE:  # null: not said, as if absent
         raise ValueError(f"{path}: header world_size {header['world_size']} is past the "
                          f"{MAX_WORLD_SIZE} ranks gpupace reads")
-    if header.get("format", 0) > FORMAT_VERSION:
+    if (header.get("format") or 0) > FORMAT_VERSION:
         raise ValueError(f"{path}: format {header.get('format')} is newer than this gpupace "
                          f"reads ({FORMAT_VERSION}); upgrade gpupace")
     return header

@@ -373,6 +373,14 @@ def test_the_report_notes_records_the_writer_dropped(tmp_path, capsys):
     assert "  note: t.jsonl: the writer dropped 5 records" in capsys.readouterr().out
 
 
+def test_a_header_that_says_null_reads_as_one_that_says_nothing(tmp_path):
+    path = tmp_path / "t.jsonl"
+    header = dict(make_header(source="test", world_size=2), world_size=None, format=None,
+                  rank=None)
+    path.write_text(json.dumps(header) + "\n" + record(0).to_json() + "\n")
+    assert [r.step for r in read_telemetry(path).records] == [0]
+
+
 def test_a_header_value_json_cannot_encode_is_written_as_text(tmp_path):
     header = make_header(source="test", world_size=2, out_dir=tmp_path, batch=np.int64(256))
     TelemetryWriter(tmp_path / "t.jsonl", header).close()

@@ -20,9 +20,10 @@ def headline(d: Diagnosis) -> str:
     lr = s.get("late_rank")
     group = _late_group(d)
     if group is not None:
-        behind = group["behind_median_us"] / 1e3
+        behind = group["behind_others_us"] / 1e3
+        others = "the other rank" if s.get("world_size") == 2 else "the others"
         who = (f"{_ranks(group['ranks'])} steadily late, typically "
-               f"{behind:.{1 if behind >= 1 else 2}f} ms behind {_reference(s)} (late in "
+               f"{behind:.{1 if behind >= 1 else 2}f} ms behind {others} (late in "
                f"{100 * group['late_fraction']:.0f}% of steps)")
     elif lr is None:
         who = "no step with a clear last rank"

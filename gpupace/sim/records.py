@@ -77,7 +77,8 @@ def to_records(result: SimResult) -> Iterator[StepRecord]:
 def write_telemetry(result: SimResult, path: str | os.PathLike, *, label: str | None = None,
                     interval: int = 1000) -> Path:
     """Writes `result` as a telemetry JSON-lines file readable by
-    `gpupace.telemetry.read_telemetry`. `label` defaults to the scenario's name. Returns the path."""
+    `gpupace.telemetry.read_telemetry`. `label` defaults to "<preset> <nodes>x<gpus> <policy>"
+    (`sim_header`). Returns the path."""
     writer = TelemetryWriter(path, sim_header(result, label), interval=interval)
     try:
         for rec in to_records(result):
