@@ -265,8 +265,9 @@ class Pacer(Joinable):
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """For `Join([ddp_model, pacer])`: a rank that ran out of inputs runs the model's
         join hook (its zero-gradient all-reduces go through the pacing hook as sites) and then
-        this one, `step()`, so that the others' step all_gather has its row. Without it they
-        waited in that all_gather until the process group's timeout."""
+        this one, `step()` after a pass that synced, so that the others' step all_gather has
+        its row. Without it they waited in that all_gather until the process group's
+        timeout."""
         return _PacerJoinHook(self)
 
     @property
@@ -393,7 +394,11 @@ class _PacerJoinHook(JoinHook):
         self.pacer = pacer
 
     def main_hook(self) -> None:
-        self.pacer.step()
+        # Once per forward pass of the other ranks, who step once per optimizer step: with
+        # gradient accumulation (no_sync), DDP's join hook shadows only the passes that sync,
+        # through the pacing hook; the step follows those alone.
+        if self.pacer._sites_this_step:
+            self.pacer.step()
 
 
 def _ranks_text(ranks: list[int]) -> str:

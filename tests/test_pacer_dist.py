@@ -1,6 +1,7 @@
 """Pacer, paced all_reduce and the DDP hook on real gloo ranks: numerics unchanged, delays
 applied, the clock-free estimator against true arrival times on the shared CLOCK_MONOTONIC."""
 
+import contextlib
 import os
 import time
 import warnings
@@ -184,8 +185,9 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
-def _uneven(rank, world, mode, pacer_first=False):
-    """Rank 0 has 6 batches, rank 1 4: the joined rank shadows the other's collectives."""
+def _uneven(rank, world, mode, pacer_first=False, accumulate=1):
+    """Rank 0 has 6 batches, rank 1 4: the joined rank shadows the other's collectives. With
+    `accumulate` > 1, that many micro-batches a step, all but the last under no_sync."""
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -202,7 +204,10 @@ def _uneven(rank, world, mode, pacer_first=False):
         with Join(joinables):
             for _ in range(6 if rank == 0 else 4):
                 opt.zero_grad()
-                ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+                for micro in range(accumulate):
+                    sync = contextlib.nullcontext() if micro == accumulate - 1 else ddp.no_sync()
+                    with sync:
+                        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
                 opt.step()
                 if pacer is not None:
                     pacer.step()
@@ -212,13 +217,15 @@ def _uneven(rank, world, mode, pacer_first=False):
 
 
 @pytest.mark.timeout(300)
-def test_uneven_inputs_under_join_train_like_plain_ddp():
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_uneven_inputs_under_join_train_like_plain_ddp(accumulate):
     """DDP's uneven inputs: with the pacer in Join after the model, a rank out of batches
     shadows the pacer's step as well, and training matches DDP under Join bit for bit (the
-    pacer outside Join left the other rank in its step's all_gather until the timeout).
+    pacer outside Join left the other rank in its step's all_gather until the timeout), with
+    gradient accumulation too (the joined rank steps after the passes that sync only).
     Before the model, refused on every rank."""
-    plain = run_ranks(_uneven, 2, None, collective_timeout_s=30)
-    paced = run_ranks(_uneven, 2, "pace", collective_timeout_s=30)
+    plain = run_ranks(_uneven, 2, None, False, accumulate, collective_timeout_s=30)
+    paced = run_ranks(_uneven, 2, "pace", False, accumulate, collective_timeout_s=30)
     for (p_plain, _), (p_paced, steps) in zip(plain, paced, strict=True):
         assert steps == 6  # the joined rank's two shadowed steps count
         for a, b in zip(p_plain, p_paced, strict=True):
