@@ -7,10 +7,13 @@
 
 Each bucket is one site, in the order DDP launches them. DDP rebuilds its buckets after the
 first iteration, so the site layout can change once (inside `warmup_steps`); a step with
-another site count keeps what the first sites learnt. The hook averages as DDP's built-in
-reducer does: it multiplies each gradient by 1 / world size, then sums. (Dividing, as torch's `allreduce_hook` does, rounds
-otherwise where the world size is not a power of two: 7e-9 apart after a few steps at 3
-ranks.)
+another site count keeps what the first sites learnt.
+
+The hook averages as DDP's own reducer does by default, bit for bit: it multiplies each
+gradient by 1 / world size (dividing, as torch's `allreduce_hook` does, rounds otherwise
+where the world size is not a power of two: 7e-9 apart after a few steps at 3 ranks). With
+`gradient_as_bucket_view=True` DDP divides some buckets in place instead, and the results
+may differ from DDP's in the last bits (1e-8 after a few steps at 3 ranks).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
