@@ -4,7 +4,6 @@ files, and the CLI end to end."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -214,18 +213,14 @@ def test_out_that_is_a_file_is_an_error(sim_dir, tmp_path, capsys):
 
 
 def test_out_in_a_folder_that_cannot_be_written_is_refused_before_reading(tmp_path, capsys):
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    try:
-        if os.access(locked, os.W_OK):  # root writes anywhere
-            pytest.skip("running as root: no folder is unwritable")
-        # refused before the file is read: it does not even exist
-        rc = main(["report", str(tmp_path / "none.jsonl"), "--out", str(locked / "new")])
-        err = capsys.readouterr().err
-        assert rc == 2 and "--out must be a folder that can be created and written" in err
-    finally:
-        locked.chmod(0o700)
+    """Under a file (a folder that cannot be made, whoever runs it: root writes anywhere
+    else), refused before any file is read: this one does not even exist."""
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    rc = main(["report", str(tmp_path / "none.jsonl"), "--out", str(a_file / "new")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--out must be a folder that can be created and written" in err
+    assert f"({a_file} is not a writable directory)" in err
 
 
 def test_a_report_into_an_earlier_reports_folder_leaves_none_of_it(sim_dir, tmp_path, capsys):
