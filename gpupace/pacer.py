@@ -396,9 +396,11 @@ class _PacerJoinHook(JoinHook):
     def main_hook(self) -> None:
         # Once per forward pass of the other ranks, who step once per optimizer step: with
         # gradient accumulation (no_sync), DDP's join hook shadows only the passes that sync,
-        # through the pacing hook; the step follows those alone.
-        if self.pacer._sites_this_step:
-            self.pacer.step()
+        # through the pacing hook; the step follows those alone. A pacer that never paced a
+        # collective (not attached: a model with its own comm hook) steps every pass.
+        pacer = self.pacer
+        if pacer._sites_this_step or not pacer._sites_most:
+            pacer.step()
 
 
 def _ranks_text(ranks: list[int]) -> str:

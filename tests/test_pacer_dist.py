@@ -185,7 +185,7 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
-def _uneven(rank, world, mode, pacer_first=False, accumulate=1):
+def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True):
     """Rank 0 has 6 batches, rank 1 4: the joined rank shadows the other's collectives. With
     `accumulate` > 1, that many micro-batches a step, all but the last under no_sync."""
     from torch.distributed.algorithms.join import Join
@@ -195,7 +195,7 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1):
     model = torch.nn.Sequential(torch.nn.Linear(32, 640), torch.nn.ReLU(), torch.nn.Linear(640, 600))
     ddp = DDP(model, bucket_cap_mb=0.5)
     pacer = Pacer(PaceConfig(mode=mode, warmup_steps=1)) if mode else None
-    if pacer is not None:
+    if pacer is not None and attach:
         pacer.attach(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
@@ -232,6 +232,14 @@ def test_uneven_inputs_under_join_train_like_plain_ddp(accumulate):
             assert torch.equal(a, b)
     for refused in run_ranks(_uneven, 2, "observe", True, collective_timeout_s=30):
         assert "Join([ddp_model, pacer])" in refused
+
+
+def test_a_pacer_not_attached_to_the_model_steps_under_join_too():
+    """A model with a comm hook of its own (fp16 compression) cannot take attach(): its pacer
+    paces nothing, yet steps with the others; the joined rank steps every pass (it had no site
+    to go by, and left the other in the step's all_gather)."""
+    for _, steps in run_ranks(_uneven, 2, "observe", False, 1, False, collective_timeout_s=30):
+        assert steps == 6
 
 
 def _widths(rank, world):

@@ -273,7 +273,7 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         run = _read_run(label, path, header, [p for p, _ in group[1:]], progress)
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
-                             f"{header.get('rank', 0)}'s ({path.name}): each holds every "
+                             f"{header.get('rank') or 0}'s ({path.name}): each holds every "
                              f"rank's rows")
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable lines skipped "
