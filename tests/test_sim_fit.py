@@ -89,3 +89,21 @@ def test_fit_needs_steps_after_warm_up(tmp_path):
     write_pacer_file(path, steps=5)
     with pytest.raises(ValueError, match="after 10 warm-up steps"):
         fit_telemetry(path)
+
+
+def test_a_rank_never_known_gets_no_offset_and_a_note(tmp_path):
+    """Rank 0's row invalid in every record (NaN earliness): the fit gives it no offset and
+    says so, and still finds rank 3's 5 ms (a NaN compute failed the fit before)."""
+    res = simulate(JOB, "none", steps=300, seed=1, keep_sites=True)
+    path = tmp_path / "t.jsonl"
+    writer = TelemetryWriter(path, make_header(source="pacer", world_size=4, label="job",
+                                               config={"warmup_steps": 0}))
+    for rec in to_records(res):
+        e = np.array(rec.earliness_us, dtype=np.float64)
+        e[0] = np.nan
+        writer.write(dataclasses.replace(rec, earliness_us=e))
+    writer.close()
+    fit = fit_telemetry(path)
+    assert fit.offsets_us[0] == 0.0 and fit.offsets_us[3] == pytest.approx(5000.0, rel=0.1)
+    assert np.isfinite(fit.compute_us) and fit.compute_us > 1.0
+    assert any("1 rank(s) never known" in n for n in fit.notes)

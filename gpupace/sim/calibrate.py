@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,7 +98,8 @@ class TelemetryFit:
         late = offsets[offsets >= 100.0]
         ranks = (f"{late.size} rank{'s' if late.size != 1 else ''} steadily late (up to "
                  f"{late.max() / 1e3:.1f} ms)") if late.size else "no steadily late rank"
-        return (f"{self.world_size} ranks, {self.sites} sites, {self.steps} steps ("
+        return (f"{self.world_size} ranks, {self.sites} site{'s' if self.sites != 1 else ''}, "
+                f"{self.steps} steps ("
                 f"{self.warmup_steps} of warm-up left out): compute {self.compute_us / 1e3:.1f} ms, "
                 f"exposed communication {self.exposed_comm_us / 1e3:.1f} ms, noise "
                 f"{100 * self.noise_sigma:.1f}%, spikes in {100 * self.spike_prob:.1f}% of the "
@@ -129,11 +131,20 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     spread = np.array([r.spread_us for r in recs], dtype=np.float64)
     early = np.array([r.earliness_us for r in recs], dtype=np.float64)
     late = spread[:, None] - early  # [K, N], how far behind the earliest rank
-    med = np.nanmedian(late, axis=0)
-    offsets = np.maximum(med - med.min(), 0.0)
+    known = np.isfinite(late).any(axis=0)
+    if not known.any():
+        raise ValueError(f"{path}: no rank's earliness is known in any step: nothing to fit")
+    with warnings.catch_warnings():  # a rank never known: All-NaN slice, offset 0 below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(late, axis=0)
+    offsets = np.where(known, np.maximum(med - np.nanmin(med), 0.0), 0.0)
     # a step ends with its last rank: the fastest rank's compute is the rest (a first guess)
     compute = max(float(np.median(step)) - exposed - float(offsets.max()), 1.0)
     notes = [f"{warmup} warm-up steps left out"] if warmup else []
+    if not known.all():
+        never = np.flatnonzero(~known)
+        notes.append(f"{never.size} rank(s) never known (invalid rows), given no offset: "
+                     f"{', '.join(map(str, never[:8]))}{' ...' if never.size > 8 else ''}")
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
     fit = TelemetryFit(
