@@ -15,7 +15,6 @@ Raw timestamps are never compared across ranks.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass, field, fields
 from statistics import NormalDist
@@ -215,7 +214,6 @@ def update_in_place(
 
 
 _fused_ready = False  # set by `prepare_fused`
-_compiling = threading.Lock()
 
 
 def prepare_fused() -> float:
@@ -228,10 +226,8 @@ def prepare_fused() -> float:
     if _fused_ready:
         return 0.0
     t0 = time.perf_counter()
-    with _compiling:  # a second thread would find compiling already disabled
-        if not _fused_ready:
-            compile_fused()
-            _fused_ready = True
+    compile_fused()
+    _fused_ready = True
     return time.perf_counter() - t0
 
 

@@ -28,6 +28,8 @@ import numpy as np
 from numba import njit
 from numba import types as nt
 
+from .jit import compile_once
+
 # A wait, delay or step of more than 1000 s is a broken clock or a corrupted row, not a measurement.
 ABSURD_US = 1e9
 MODE_PACE = 2
@@ -47,12 +49,8 @@ SIGNATURE = (_F[::1], _F[:, ::1], _I[:, ::1], _F[:, ::1], _F[:, ::1], nt.boolean
 
 def compile_fused() -> None:
     """Compiles `fused_update` for `SIGNATURE` (7.9 s on the 2-core VM the first time on a
-    machine; Numba caches it on disk, ~0.5 s to load) and turns further compiles off, so that
-    an argument of another type raises TypeError instead of compiling inside a training loop."""
-    if fused_update.signatures:
-        return
-    fused_update.compile(SIGNATURE)
-    fused_update.disable_compile()
+    machine; Numba caches it on disk, ~0.5 s to load), then no other (`jit.compile_once`)."""
+    compile_once(fused_update, SIGNATURE)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

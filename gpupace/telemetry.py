@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 from numba import njit
 
+from .jit import compile_once
 from .warn import warn
 
 if TYPE_CHECKING:
@@ -504,23 +505,19 @@ def make_record(step: int, time_s: float, stats: StepStats, steps: np.ndarray,
 
 
 _record_ready = False  # set by `prepare_record`
-_compiling = threading.Lock()
 
 
 def prepare_record() -> None:
-    """Compiles `_record_arrays` for its one signature (or loads it from Numba's disk cache)
-    and turns further compiles off, as `policy.prepare_fused` does for the update: the host
-    backend calls both when it starts, so that no compile lands in the step loop."""
+    """Compiles `_record_arrays` for its one signature (or loads it from Numba's disk cache),
+    then no other (`jit.compile_once`), as `policy.prepare_fused` does for the update: the
+    host backend calls both when it starts, so that no compile lands in the step loop."""
     global _record_ready
     from numba import types as nt
 
-    with _compiling:  # a second thread would find compiling already disabled
-        if not _record_ready:
-            f, strided = nt.float64, nt.float64[:, :]
-            _record_arrays.compile((strided, strided, f[:], f[::1], f[:], nt.boolean[::1],
-                                    f[:, ::1]))
-            _record_arrays.disable_compile()
-            _record_ready = True
+    f, strided = nt.float64, nt.float64[:, :]
+    compile_once(_record_arrays, (strided, strided, f[:], f[::1], f[:], nt.boolean[::1],
+                                  f[:, ::1]))
+    _record_ready = True
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
