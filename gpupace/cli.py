@@ -64,12 +64,9 @@ def check_output_file(option: str, path: str) -> None:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{option} must be a file path, got the directory {path!r}")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
+    if (folder := _unwritable(p.parent)) is not None:
         raise ValueError(f"{option} must be a path whose folder can be created and written, "
-                         f"got {path!r} ({parent} is not a writable directory)")
+                         f"got {path!r} ({folder} is not a writable directory)")
 
 
 def check_output_dir(option: str, path: str) -> None:
@@ -78,12 +75,17 @@ def check_output_dir(option: str, path: str) -> None:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{option} must be a folder, got the file {path!r}")
-    parent = p
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
+    if (folder := _unwritable(p)) is not None:
         raise ValueError(f"{option} must be a folder that can be created and written, got "
-                         f"{path!r} ({parent} is not a writable directory)")
+                         f"{path!r} ({folder} is not a writable directory)")
+
+
+def _unwritable(folder: Path) -> Path | None:
+    """`folder`'s nearest existing self or parent when that is not a writable directory (the
+    missing folders below it could not be made), else None."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return None if folder.is_dir() and os.access(folder, os.W_OK) else folder
 
 
 if __name__ == "__main__":

@@ -96,10 +96,11 @@ def clear_last(run: Run) -> np.ndarray:
         & (np.nan_to_num(run.spread) > thr)
 
 
-def last_counts(run: Run) -> np.ndarray:
+def last_counts(run: Run, clear: np.ndarray | None = None) -> np.ndarray:
     """[world size]: how often each rank arrived last, over the measured steps with a clear
-    last rank (`clear_last`)."""
-    return np.bincount(run.straggler[clear_last(run)], minlength=run.world_size)[:run.world_size]
+    last rank (`clear`: `clear_last(run)`, when the caller has it already)."""
+    clear = clear_last(run) if clear is None else clear
+    return np.bincount(run.straggler[clear], minlength=run.world_size)[:run.world_size]
 
 
 def late_rank(run: Run) -> dict[str, Any] | None:
@@ -111,7 +112,7 @@ def late_rank(run: Run) -> dict[str, Any] | None:
     over half at many (twice chance, the rule before, asked 100% of 2 ranks), over at least
     MIN_CLEAR_STEPS of them. None when no step has a clear last."""
     clear = clear_last(run)
-    hist = np.bincount(run.straggler[clear], minlength=run.world_size)[:run.world_size]
+    hist = last_counts(run, clear)
     if not hist.any():
         return None
     r = int(np.argmax(hist))
