@@ -70,7 +70,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'nodes':>5} {'ranks':>6} {'policy':>8} {'samples/s':>11} {'CV':>6} "
              f"{'p99 ms':>8}  {'gain vs none %':>14}  {'% of oracle gain':>16}"]
     for r in rows:
-        # "+ 0.0": a gain that rounds to zero is printed without a sign ("-0.00" read as a loss)
+        # A gain that rounds to zero is printed without a sign ("-0.00" read as a loss): the
+        # share rounds to an int, which has no -0, and "+ 0.0" turns a float's -0.0 into 0.0.
         frac = "-" if r["oracle_fraction"] is None else f"{round(100.0 * r['oracle_fraction'])}"
         gain = round(r["gain_pct"], 2) + 0.0
         lines.append(f"{r['nodes']:>5} {r['ranks']:>6} {r['policy']:>8} {r['throughput']:>11.1f} "
