@@ -13,6 +13,11 @@ ACTIONS = {
     "are steadily early). Find what stalls single ranks (data loading, garbage collection, OS "
     "noise, throttling) and synchronise less often (larger DDP buckets, gradient accumulation "
     "with no_sync)",
+    # Not one of the four modes: what sync_amplification's finding says when late spells
+    # (`ranks.late_spells`) make most of its time.
+    "late_spells": "{ranks} late for spells of the run (steps in the evidence), not all of it, "
+    "so not placement, which stays put: look at what else ran on the machines in those steps (data "
+    "loading, checkpoint writes, other processes, thermal or power capping, a degraded link)",
     "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of {ranks} "
     "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
     "fabric_contention": "look at the topology: congested links or switches (oversubscribed "

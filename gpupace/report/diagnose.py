@@ -17,6 +17,10 @@ count of the report):
   collective overlaps compute that outlasts it) is counted as lost all the same.
 - locality: each rank's lateness behind the median rank; a rank late by a steady offset in
   most steps is a locality rank, and every step loses the largest such offset.
+- Late spells (`ranks.late_spells`): a rank clearly last in most steps of a stretch of the
+  run, not all of it (late in turn, or from halfway on). Each spell step's lead is taken off
+  the ideal as a locality rank's, and goes to sync_amplification: a delay on one rank that
+  every rank waits for, with the spell's own advice (what ran there then, not placement).
 - Each step's remaining excess over the 5th percentile is split between the arrival spread
   it saw and the transfer time, in proportion to their excesses over their own 5th
   percentiles, each weighted by what one us of it costs in step time in this run (a
@@ -51,7 +55,15 @@ import numpy as np
 
 from .advice import action
 from .load import Run
-from .ranks import clear_last, late_rank, lateness, locality_offsets, measured, rank_costs
+from .ranks import (
+    clear_last,
+    late_rank,
+    late_spells,
+    lateness,
+    locality_offsets,
+    measured,
+    rank_costs,
+)
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
@@ -314,8 +326,14 @@ def _diagnose(run: Run) -> Diagnosis:
             lead = np.where(paying, np.minimum(np.nan_to_num(np.clip(ahead, 0.0, behind_us)),
                                                st), 0.0)
             loc_us = _p(lead[paying], 50)
+    # Late spells: a rank late for a stretch of the run (not all of it: a locality rank is
+    # not looked at). Every step of a spell pays its rank's lead, so the 5th percentile of
+    # the step times holds it too when the spells cover most of the run (one rank after
+    # another): it is taken off step by step, as the locality ranks' lead.
+    spells, spell_lead = late_spells(run, loc_ranks)
+    spell_lead = np.minimum(spell_lead, st)
     p5 = _p(st[paying], 5)
-    ideal = _p((st - lead)[paying], 5)
+    ideal = _p((st - lead - spell_lead)[paying], 5)
     if loc_ranks:
         # The headline and the cost line name the steadily late ranks together: a late node
         # of 8 ranks has no single rank last in most steps, nor one with a lead over the
@@ -326,9 +344,18 @@ def _diagnose(run: Run) -> Diagnosis:
             "paid_fraction": float(paying.mean()), "lead_us": loc_us,
             "cost_us_per_step": float(lead.mean()),
             "share_of_step": float(lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
+    if spells:
+        summary["late_spells"] = {
+            "spells": spells, "ranks": list(dict.fromkeys(sp["rank"] for sp in spells)),
+            "steps_fraction": sum(sp["steps"] for sp in spells) / n,
+            "behind_us": _p(np.array([sp["behind_us"] for sp in spells]), 50),
+            "cost_us_per_step": float(spell_lead.mean()),
+            "share_of_step": float(spell_lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
     lost_step = np.maximum(st - ideal, 0.0)
     loc_part = np.minimum(lost_step, lead)
-    excess = lost_step - loc_part  # what the spread and the transfer split
+    # Only a step's last rank leads every other, so a step pays a locality lead or a spell's.
+    spell_part = np.minimum(lost_step - loc_part, spell_lead)
+    excess = lost_step - loc_part - spell_part  # what the spread and the transfer split
     lost_total = float(lost_step.sum())
     measured_total = float(st.sum())
     summary.update(ideal_step_us=ideal, p5_step_us=p5, median_step_us=p50,
@@ -374,7 +401,8 @@ def _diagnose(run: Run) -> Diagnosis:
     spike_loss = float(spread_part[spike].sum())
     lost = {
         "locality": float(loc_part.sum()),
-        "sync_amplification": float(spread_part[body].sum()) + coupling * spike_loss,
+        "sync_amplification": float(spread_part[body].sum()) + coupling * spike_loss
+        + float(spell_part.sum()),
         "runtime_jitter": (1.0 - coupling) * spike_loss + float((xfer_part * jit_frac).sum()),
         "fabric_contention": float((xfer_part * (1.0 - jit_frac)).sum()),
     }
@@ -394,6 +422,24 @@ def _diagnose(run: Run) -> Diagnosis:
               "steps_with_spread_excess": int(late_steps.sum()),
               "spread_p50_us": _p(spread, 50), "spread_p99_us": _p(spread, 99),
               "spread_over_step_p50": _p(spread, 50) / p50}
+    amp_strength = amp_sig * size
+    if spells:
+        # A spell's evidence is locality's, over the spell: how often its rank was last and
+        # how far that stands from a coin's half (a binomial z, full at CLEAR_Z). Weighed
+        # with the rotation's by the lost time each explains.
+        spell_strength = sum(sp["late_fraction"] * min(1.0, (2.0 * sp["late_fraction"] - 1.0)
+                                                      * math.sqrt(sp["steps"]) / CLEAR_Z)
+                             * sp["steps"] for sp in spells) / sum(sp["steps"] for sp in spells)
+        spell_lost = float(spell_part.sum())
+        if lost["sync_amplification"] > 0:
+            amp_strength = (spell_lost * spell_strength + (lost["sync_amplification"]
+                            - spell_lost) * amp_strength) / lost["sync_amplification"]
+        by_cost = sorted(spells, key=lambda sp: -sp["cost_us_per_step"] * sp["steps"])
+        amp_ranks = list(dict.fromkeys([sp["rank"] for sp in by_cost] + amp_ranks))[:5]
+        amp_ev.update(late_spells=len(spells), spell_steps_fraction=summary["late_spells"][
+            "steps_fraction"], spell_cost_us_per_step=summary["late_spells"]["cost_us_per_step"],
+            spell_behind_us={f"rank {sp['rank']} steps {sp['first_step']}-{sp['last_step']}":
+                             sp["behind_us"] for sp in by_cost[:8]})
 
     loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
     if loc_ranks:
@@ -450,7 +496,7 @@ def _diagnose(run: Run) -> Diagnosis:
               "regime_separation": reg_info["separation"],
               "spike_part_of_jitter": spike_share}
 
-    sigs = {"sync_amplification": (amp_sig, size, amp_ev, amp_ranks),
+    sigs = {"sync_amplification": (amp_strength, 1.0, amp_ev, amp_ranks),
             "locality": (loc_sig, min(1.0, loc_z / CLEAR_Z), loc_ev, loc_ranks),
             "fabric_contention": (fab_sig, size, fab_ev, []),
             "runtime_jitter": (jit_sig, size, jit_ev, jit_ranks)}
@@ -474,6 +520,8 @@ def _diagnose(run: Run) -> Diagnosis:
         if not attributed:  # the time stays unattributed: no evidence, no share
             low_confidence += lost[mode]
         act = action(mode, ranks, run.comm_backend)
+        if mode == "sync_amplification" and spells and spell_lost >= 0.5 * lost[mode]:
+            act = action("late_spells", [sp["rank"] for sp in by_cost], run.comm_backend)
         if mode == "sync_amplification" and delayed > 0.1:
             act = (f"pacing delayed ranks in {100 * delayed:.0f}% of the steps: this is what it "
                    "left; compare with an unpaced baseline, and tune threshold_us and gain")

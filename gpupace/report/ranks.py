@@ -9,10 +9,14 @@ timestamps are compared across ranks.
   (at most: the transfer and the other sites unchanged). The ranks' costs add up to the last
   rank's mean lead, and they answer "how much does rank 3 cost" directly, where the lost time
   is against an ideal step that a noisy machine never repeats.
+- A late spell is a stretch of steps in which one rank is clearly last far more often than in
+  the rest of the run (`late_spells`): a rank that turns late for a while, or for the rest of
+  the run, which neither a steady offset nor random lateness describes.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -26,6 +30,9 @@ MIN_CLEAR_STEPS = 10  # steps with a clear last rank before one can be called pe
 # Steps per block when the costs are computed: bounds the temporary copies of a long run with
 # many ranks (4096 ranks x 100k steps is 3.3 GB a copy).
 BLOCK_VALUES = 1 << 22
+SPELL_STEPS = 50  # the window a late spell is found in, and its shortest length
+SPELL_SHARE = 0.7  # of a window's steps, the spell's rank clearly last in at least this many
+SPELL_Z = 5.0  # and that many standard deviations above chance (1/N): at 2 ranks 43 of 50
 
 
 def lateness(e: np.ndarray) -> np.ndarray:
@@ -181,3 +188,85 @@ def rank_costs(run: Run, top: int = TOP_RANKS) -> dict[str, Any] | None:
               "last_fraction": float(counts[r]) / clear}
              for r in np.argsort(-cost, kind="stable")[:top] if cost[r] > 0]
     return {"lead_us_per_step": total, "share_of_step": total / mean_step, "ranks": ranks}
+
+
+def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
+                ) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Stretches of steps in which one rank was late far more often than in the rest of the
+    run: it was the clear last (`clear_last`) in at least SPELL_SHARE of the SPELL_STEPS
+    steps around each step of the stretch (and SPELL_Z sd above chance), extended while it
+    stays last; at least SPELL_STEPS long, at least SPELL_STEPS measured steps left outside
+    the rank's spells, and last outside them at most half as often as inside. A rank late in
+    turns for ~100 steps each, or from halfway on, is such a rank; a rank late all run long
+    is a steady offset (`locality_offsets`), and ranks in `exclude` (those) are not looked at.
+    Returns the spells in order of their first step, each with its rank, first and last step,
+    length, the fraction of its steps the rank was last, how far behind the median rank it
+    was (median over the spell's steps, us) and what it cost a measured step of the spell,
+    and [measured steps] the spell rank's lead over every other rank (us; 0 outside spells
+    and where the rank was not last, at most its median lateness: a spike on top of a spell
+    is not the spell's). Late groups (a node of several ranks late together) have no clear
+    last rank and are not found."""
+    ok = measured(run)
+    idx = np.flatnonzero(ok)
+    n, world = idx.size, run.world_size
+    lead = np.zeros(n)
+    if n < 2 * SPELL_STEPS or world < 2:
+        return [], lead
+    last = np.where(clear_last(run)[ok], run.straggler[ok], -1)
+    p = 1.0 / world
+    need = max(math.ceil(SPELL_SHARE * SPELL_STEPS),
+               SPELL_STEPS * p + SPELL_Z * math.sqrt(SPELL_STEPS * p * (1.0 - p)))
+    counts = np.bincount(last[last >= 0], minlength=world)
+    # Each step's window: SPELL_STEPS steps centred on it, moved inside the run at its ends.
+    start = np.clip(np.arange(n) - SPELL_STEPS // 2, 0, n - SPELL_STEPS)
+    block = max(1, BLOCK_VALUES // world)
+    spells = []
+    for r in np.flatnonzero(counts >= need):
+        if int(r) in exclude:
+            continue
+        hit = last == r
+        upto = np.concatenate([[0], np.cumsum(hit)])
+        inside = upto[start + SPELL_STEPS] - upto[start] >= need
+        runs = _stretches(inside, hit)
+        covered = np.zeros(n, dtype=bool)
+        for a, b in runs:
+            covered[a:b] = True
+        rest = n - int(covered.sum())
+        if not runs or rest < SPELL_STEPS:
+            continue
+        if hit[~covered].mean() > 0.5 * hit[covered].mean():
+            continue
+        for a, b in runs:
+            if b - a < SPELL_STEPS:
+                continue
+            # In blocks of rows, as `cost_per_rank`: a spell of 10k steps at 4096 ranks
+            # would copy 330 MB at once.
+            blocks = [idx[lo:min(lo + block, b)] for lo in range(a, b, block)]
+            behind = np.concatenate([lateness(run.earliness[i])[:, r] for i in blocks])
+            behind = float(np.nanmedian(behind)) if np.isfinite(behind).any() else 0.0
+            ahead = np.concatenate([last_leads(run.earliness[i], np.full(i.size, r))
+                                    for i in blocks])
+            lead[a:b] = np.clip(np.nan_to_num(ahead), 0.0, max(behind, 0.0))
+            spells.append({"rank": int(r), "first_step": int(run.step[idx[a]]),
+                           "last_step": int(run.step[idx[b - 1]]), "steps": b - a,
+                           "late_fraction": float(hit[a:b].mean()), "behind_us": behind,
+                           "cost_us_per_step": float(lead[a:b].mean())})
+    spells.sort(key=lambda sp: sp["first_step"])
+    return spells, lead
+
+
+def _stretches(inside: np.ndarray, hit: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) runs of `inside`, each extended at both ends while `hit` holds (a
+    centred window reaches a spell's share half a window in), runs that then touch merged."""
+    edges = np.diff(np.concatenate([[0], inside.astype(np.int8), [0]]))
+    out: list[tuple[int, int]] = []
+    for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True):
+        while a > 0 and hit[a - 1]:
+            a -= 1
+        while b < hit.size and hit[b]:
+            b += 1
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((int(a), int(b)))
+    return out

@@ -19,12 +19,15 @@ def headline(d: Diagnosis) -> str:
         return f"{label}: {s.get('note', 'no verdict')}"
     lr = s.get("late_rank")
     group = _late_group(d)
+    spells = _late_spells(d)
     if group is not None:
         behind = group["behind_others_us"] / 1e3
         others = "the other rank" if s.get("world_size") == 2 else "the others"
         who = (f"{_ranks(group['ranks'])} steadily late, typically "
                f"{behind:.{1 if behind >= 1 else 2}f} ms behind {others} (late in "
                f"{100 * group['late_fraction']:.0f}% of steps)")
+    elif spells is not None:
+        who = _spells_words(spells, _reference(s))
     elif lr is None:
         who = "no step with a clear last rank"
     else:
@@ -69,6 +72,13 @@ def cost_line(d: Diagnosis) -> str:
                      f"{group['lead_us'] / 1e3:.2f} ms in {100 * group['paid_fraction']:.0f}% "
                      f"of the steps: {group['cost_us_per_step'] / 1e3:.2f} ms a step on "
                      f"average ({100 * group['share_of_step']:.1f}% of the measured time)")
+    spells = _late_spells(d)
+    if spells is not None:
+        parts.append(f"{_ranks(spells['ranks'])}, in {_their(spells)} late "
+                     f"spell{'s' if len(spells['spells']) > 1 else ''} "
+                     f"({100 * spells['steps_fraction']:.0f}% of the steps), arrived after "
+                     f"every other rank: {spells['cost_us_per_step'] / 1e3:.2f} ms a step on "
+                     f"average ({100 * spells['share_of_step']:.1f}% of the measured time)")
     c = d.summary.get("late_cost")
     if c and (group is None or c["lead_us_per_step"] >= 5.0):  # shown as >= 0.01 ms
         ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
@@ -92,6 +102,42 @@ def _late_group(d: Diagnosis) -> dict | None:
     return None if alone else group
 
 
+def _late_spells(d: Diagnosis) -> dict | None:
+    """The late spells of the summary, when the finding they count in (sync_amplification)
+    has evidence."""
+    spells = d.summary.get("late_spells")
+    amp = next((m for m in d.modes if m.mode == "sync_amplification"), None)
+    return spells if spells and amp is not None and amp.share > 0 else None
+
+
+def _spells_words(spells: dict, reference: str) -> str:
+    """'rank 5 late in steps 200-399 only (200 of 400 steps), typically 3.0 ms behind ...' for
+    one spell, 'ranks ... late in spells, one at a time (4 spells: steps 0-99 rank 3, ...)'
+    for several."""
+    sp = spells["spells"]
+    behind = spells["behind_us"] / 1e3
+    by = f"typically {behind:.{1 if behind >= 1 else 2}f} ms behind {reference}"
+    if len(sp) == 1:
+        return (f"rank {sp[0]['rank']} late in steps {sp[0]['first_step']}-{sp[0]['last_step']} "
+                f"only (a late spell, last in {100 * sp[0]['late_fraction']:.0f}% of its "
+                f"steps), {by}")
+    return (f"{_ranks(spells['ranks'])} late in spells, one at a time ({_spell_steps(spells)}), "
+            f"{by}")
+
+
+def _their(spells: dict) -> str:
+    return "its" if len(spells["ranks"]) == 1 else "their"
+
+
+def _spell_steps(spells: dict) -> str:
+    sp = spells["spells"]
+    shown = ", ".join(f"steps {x['first_step']}-{x['last_step']} rank {x['rank']}"
+                      for x in sp[:4])
+    return (f"{len(sp)} spell{'s' if len(sp) > 1 else ''}, "
+            f"{100 * spells['steps_fraction']:.0f}% of the steps: {shown}"
+            f"{', ...' if len(sp) > 4 else ''}")
+
+
 def _ranks(ranks: list[int]) -> str:
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
@@ -111,9 +157,12 @@ def lost_line(d: Diagnosis) -> str:
         return ""
     cost = s.get("locality_cost_us", 0.0)
     loc = next((m for m in d.modes if m.mode == "locality" and m.ranks), None)
-    who = _ranks(loc.ranks) if loc is not None else "the late ranks"
-    base = (f"the 5th percentile of the step times, each less the lead by which {who} "
-            f"arrived after every other rank: typically {cost / 1e3:.1f} ms") if cost > 0 \
+    whos = [_ranks(loc.ranks) if loc is not None else "the late ranks"] if cost > 0 else []
+    if s.get("late_spells"):
+        whos.append("the rank of each late spell")
+    typically = f": typically {cost / 1e3:.1f} ms" if cost > 0 and len(whos) == 1 else ""
+    base = (f"the 5th percentile of the step times, each less the lead by which "
+            f"{' or '.join(whos)} arrived after every other rank{typically}") if whos \
         else "the 5th-percentile step"
     return (f"lost {100 * s['lost_fraction']:.1f}% of the measured time: mean step "
             f"{s['mean_step_us'] / 1e3:.1f} ms against an ideal step of "
