@@ -75,8 +75,9 @@ MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth n
 # share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
 LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
-                   "5th percentile of the step times, each less what persistently late ranks "
-                   "added to it: how much later than every other rank they arrived), summed, "
+                   "5th percentile of the step times, each less what persistently late ranks, "
+                   "or the rank of a late spell, added to it: how much later than every other "
+                   "rank they arrived), summed, "
                    "as a share of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
