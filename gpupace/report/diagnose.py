@@ -62,6 +62,7 @@ from .ranks import (
     lateness,
     locality_offsets,
     measured,
+    offset_floor,
     rank_costs,
 )
 
@@ -288,9 +289,7 @@ def _diagnose(run: Run) -> Diagnosis:
     past_warmup = run.step >= run.warmup_steps
     offset, consistency, noise, loc_steps = locality_offsets(run, past_warmup)
     p50 = float(np.median(st))
-    # An offset must stand out of its median's standard error (1.25 sigma / sqrt n, over the
-    # steps the rank was known in) and matter.
-    floor = np.maximum(5.0 * 1.25 * noise / np.sqrt(np.maximum(loc_steps, 1)), 0.002 * p50)
+    floor = offset_floor(noise, loc_steps, p50)
     loc_mask = (offset > floor) & (consistency >= LOCALITY_CONSISTENCY)
     loc_ranks = [int(r) for r in np.argsort(-offset) if loc_mask[r]]
     loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
@@ -347,7 +346,7 @@ def _diagnose(run: Run) -> Diagnosis:
             "share_of_step": float(lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
     if spells:
         summary["late_spells"] = {
-            "spells": spells, "ranks": list(dict.fromkeys(sp["rank"] for sp in spells)),
+            "spells": spells, "ranks": sorted({r for sp in spells for r in sp["ranks"]}),
             "steps_fraction": sum(sp["steps"] for sp in spells) / n,
             "behind_us": _p(np.array([sp["behind_us"] for sp in spells]), 50),
             "cost_us_per_step": float(spell_lead.mean()),
@@ -436,10 +435,11 @@ def _diagnose(run: Run) -> Diagnosis:
             amp_strength = (spell_lost * spell_strength + (lost["sync_amplification"]
                             - spell_lost) * amp_strength) / lost["sync_amplification"]
         by_cost = sorted(spells, key=lambda sp: -sp["cost_us_per_step"] * sp["steps"])
-        amp_ranks = list(dict.fromkeys([sp["rank"] for sp in by_cost] + amp_ranks))[:5]
+        amp_ranks = list(dict.fromkeys([r for sp in by_cost for r in sp["ranks"]]
+                                       + amp_ranks))[:8]
         amp_ev.update(late_spells=len(spells), spell_steps_fraction=summary["late_spells"][
             "steps_fraction"], spell_cost_us_per_step=summary["late_spells"]["cost_us_per_step"],
-            spell_behind_us={f"rank {sp['rank']} steps {sp['first_step']}-{sp['last_step']}":
+            spell_behind_us={f"{_named(sp['ranks'])} steps {sp['first_step']}-{sp['last_step']}":
                              sp["behind_us"] for sp in by_cost[:8]})
 
     loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
@@ -522,7 +522,9 @@ def _diagnose(run: Run) -> Diagnosis:
             low_confidence += lost[mode]
         act = action(mode, ranks, run.comm_backend)
         if mode == "sync_amplification" and spells and spell_lost >= 0.5 * lost[mode]:
-            act = action("late_spells", [sp["rank"] for sp in by_cost], run.comm_backend)
+            act = action("late_spells", list(dict.fromkeys(r for sp in by_cost
+                                                           for r in sp["ranks"])),
+                         run.comm_backend)
         if mode == "sync_amplification" and delayed > 0.1:
             act = (f"pacing delayed ranks in {100 * delayed:.0f}% of the steps: this is what it "
                    "left; compare with an unpaced baseline, and tune threshold_us and gain")
@@ -536,6 +538,11 @@ def _diagnose(run: Run) -> Diagnosis:
                    attribution_threshold=MIN_CONFIDENCE)
     findings.sort(key=lambda f: (-f.share, -f.candidate_share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
+
+
+def _named(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks[:8])) \
+        + (" ..." if len(ranks) > 8 else "")
 
 
 def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:

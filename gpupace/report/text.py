@@ -118,9 +118,9 @@ def _spells_words(spells: dict, reference: str) -> str:
     behind = spells["behind_us"] / 1e3
     by = f"typically {behind:.{1 if behind >= 1 else 2}f} ms behind {reference}"
     if len(sp) == 1:
-        return (f"rank {sp[0]['rank']} late in steps {sp[0]['first_step']}-{sp[0]['last_step']} "
-                f"only (a late spell, last in {100 * sp[0]['late_fraction']:.0f}% of its "
-                f"steps), {by}")
+        return (f"{_ranks(sp[0]['ranks'])} late in steps {sp[0]['first_step']}-"
+                f"{sp[0]['last_step']} only (a late spell, late in "
+                f"{100 * sp[0]['late_fraction']:.0f}% of its steps), {by}")
     return (f"{_ranks(spells['ranks'])} late in spells, one at a time ({_spell_steps(spells)}), "
             f"{by}")
 
@@ -131,7 +131,7 @@ def _their(spells: dict) -> str:
 
 def _spell_steps(spells: dict) -> str:
     sp = spells["spells"]
-    shown = ", ".join(f"steps {x['first_step']}-{x['last_step']} rank {x['rank']}"
+    shown = ", ".join(f"steps {x['first_step']}-{x['last_step']} {_ranks(x['ranks'])}"
                       for x in sp[:4])
     return (f"{len(sp)} spell{'s' if len(sp) > 1 else ''}, "
             f"{100 * spells['steps_fraction']:.0f}% of the steps: {shown}"
