@@ -180,6 +180,13 @@ def bench_missing(needs: str) -> str | None:
 
 
 def bench_tick_and_spin(fig: dict[str, Any]) -> None:
+    """The timer's tick, and the spin-wait's error two ways. `spin_error_us`: the delay the
+    spin wrote (its own %globaltimer) less the request; the spin stops on that clock, so this
+    stays within a tick and a loop pass by construction: bookkeeping, not precision.
+    `spin_error_events_us`, the verdict's: each spin timed by CUDA events (the queue kept busy
+    before it, so the events time the GPU, not the host's launches), less the median time of
+    a zero-delay spin (the launch and the events' own cost), less the request. Events resolve
+    ~0.5 us, which this error includes."""
     import torch
 
     from gpupace.kernels import clock, spin
@@ -190,15 +197,33 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     applied = torch.zeros(reps, device="cuda")
     reads = torch.zeros(reps, dtype=torch.int32, device="cuda")
     clk = torch.zeros(2, dtype=torch.int64, device="cuda")
-    per, all_err = {}, []
-    for req in SPIN_DELAYS_US:
+
+    def timed(req: float) -> tuple[np.ndarray, np.ndarray]:
         d.fill_(req)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
+            torch.cuda._sleep(20 * CYCLES_PER_US)
+            starts[r].record()
             spin.spin(d, applied[r : r + 1], reads[r : r + 1], clk, cap_us=2000.0)
-        err = applied.cpu().numpy().astype(np.float64) - req
-        per[str(req)] = quantiles(err)
+            ends[r].record()
+        torch.cuda.synchronize()
+        wall = np.array([a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)])
+        return applied.cpu().numpy().astype(np.float64), wall
+
+    _, zero = timed(0.0)
+    fixed = float(np.median(zero))
+    fig["spin_zero_delay_kernel_us"] = quantiles(zero)
+    per, per_ev, all_err, all_ev = {}, {}, [], []
+    for req in SPIN_DELAYS_US:
+        got, wall = timed(req)
+        err, ev = got - req, wall - fixed - req
+        per[str(req)], per_ev[str(req)] = quantiles(err), quantiles(ev)
         all_err.append(err)
+        all_ev.append(ev)
     fig["spin_error_us"] = quantiles(np.concatenate(all_err)) | {"by_delay": per}
+    fig["spin_error_events_us"] = quantiles(np.concatenate(all_ev)) | {"by_delay": per_ev}
+    fig["spin_error_events_abs_p99_us"] = float(np.percentile(np.abs(np.concatenate(all_ev)), 99))
 
 
 def bench_host_policy(fig: dict[str, Any]) -> None:
@@ -252,6 +277,7 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
     out: dict[str, Any] = fig.setdefault("overhead", {})  # each figure kept once measured
     for sites in (1, 8):
         pacer = Pacer(PaceConfig(mode="pace", max_sites=8), group, backend="device")
+        pacer._engine.gather_alone = True  # world 1: time the exchange's all_gather all the same
 
         def plain(sites=sites):
             for _ in range(sites):
@@ -424,9 +450,13 @@ def run_launch_cost(fig: dict[str, Any], log: Path, timeout_s: float) -> dict[st
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)  # the compiled kernels, never the interpreter
     rc, seconds = run_logged(cmd, log, timeout_s, env)
+    out = {"ran": True, "returncode": rc, "seconds": seconds}
     if path.exists():
-        fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
-    return {"ran": True, "returncode": rc, "seconds": seconds}
+        try:  # a process killed mid-write leaves half a file: say so, and go on
+            fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[str, Any]:
@@ -437,12 +467,17 @@ def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[s
     rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
     files = sorted(q for q in suite_dir.rglob("*") if q.is_file())
     tar = out / f"{stem}-suite.tar"
+    res = {"ran": True, "returncode": rc, "seconds": seconds, "files": [q.name for q in files],
+           "tar": None}
     if files:
-        with tarfile.open(tar, "w") as tf:
-            for q in files:
-                tf.add(q, arcname=q.relative_to(suite_dir))
-    return {"ran": True, "returncode": rc, "seconds": seconds, "files": [q.name for q in files],
-            "tar": tar.name if files else None}
+        try:  # the check's own results are written whatever happens here
+            with tarfile.open(tar, "w") as tf:
+                for q in files:
+                    tf.add(q, arcname=q.relative_to(suite_dir))
+            res["tar"] = tar.name
+        except OSError as e:
+            res["error"] = f"packing the suite's files failed: {type(e).__name__}: {e}"
+    return res
 
 
 def verdicts(fig: dict[str, Any]) -> dict[str, str]:
@@ -458,12 +493,13 @@ def verdicts(fig: dict[str, Any]) -> dict[str, str]:
             else f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
             f"{max(vals):.2f} us vs <= {TARGETS[key]} us"
         )
-    sp, tick = fig.get("spin_error_us"), fig.get("timer_tick_ns")
-    if sp and tick:
+    # Judged on the event-timed error: the spin's own clock cannot see its own error.
+    sp, tick = fig.get("spin_error_events_abs_p99_us"), fig.get("timer_tick_ns")
+    if sp is not None and tick:
         lim = tick / 1e3 + TARGETS["spin_error_over_tick_us"]
         out["spin_error_p99"] = (
-            f"{'met' if sp['p99'] <= lim else 'missed'}: p99 "
-            f"{sp['p99']:.2f} us vs <= tick + 1 = {lim:.2f} us"
+            f"{'met' if sp <= lim else 'missed'}: p99 of |error| {sp:.2f} us, timed by CUDA "
+            f"events, vs <= tick + 1 = {lim:.2f} us"
         )
     else:
         out["spin_error_p99"] = "not measured"
@@ -531,19 +567,31 @@ def markdown(res: dict[str, Any]) -> str:
             f"| {k} | {q['p20']:.2f} | {q['p50']:.2f} | {q['p80']:.2f} | "
             f"{v['plain_step_us']['p50']:.2f} | {v['paced_step_us']['p50']:.2f} |"
         )
-    sp = fig.get("spin_error_us")
-    if sp:
+    sp, ev = fig.get("spin_error_us"), fig.get("spin_error_events_us")
+    if sp or ev:
+        rows = {"all": (sp, ev), **{k: ((sp or {}).get("by_delay", {}).get(k),
+                                        (ev or {}).get("by_delay", {}).get(k))
+                                    for k in {**(sp or {}).get("by_delay", {}),
+                                              **(ev or {}).get("by_delay", {})}}}
+
+        def cells(q: dict | None) -> str:
+            return f"{q['p50']:.3f} | {q['p99']:.3f}" if q else "- | -"
+
         lines += [
             "",
             f"## Spin-wait error, applied - requested (us); timer tick "
             f"{fig.get('timer_tick_ns')} ns",
             "",
-            "| requested | p50 | p99 |",
-            "|---|---|---|",
+            "By CUDA events (the verdict's: kernel time less a zero-delay spin's) and by the "
+            "spin's own clock (within a tick by construction: it stops on that clock).",
+            "",
+            "| requested | events p50 | events p99 | own clock p50 | own clock p99 |",
+            "|---|---|---|---|---|",
         ]
-        lines += [f"| {k} | {v['p50']:.3f} | {v['p99']:.3f} |" for k, v in sp["by_delay"].items()]
-        lines.append(f"| all | {sp['p50']:.3f} | {sp['p99']:.3f} |")
-    rest = {k: v for k, v in fig.items() if k not in ("overhead", "spin_error_us")}
+        lines += [f"| {k} | {cells(e)} | {cells(o)} |" for k, (o, e) in
+                  [*list(rows.items())[1:], ("all", rows["all"])]]
+    rest = {k: v for k, v in fig.items()
+            if k not in ("overhead", "spin_error_us", "spin_error_events_us")}
     lines += [
         "",
         "## Other figures",
@@ -658,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
         res["launch_cost"] = run_launch_cost(fig, log, min(60.0, left() - 30))
         if res["launch_cost"]["returncode"] != 0:
             errors["launch_cost"] = f"exit code {res['launch_cost']['returncode']}: see the log"
+        elif "error" in res["launch_cost"]:
+            errors["launch_cost"] = f"reading its figures: {res['launch_cost']['error']}"
     save("launch_cost")
     microbenchmark("overhead", bench_overhead, "device")
     microbenchmark("syncs", bench_syncs, "device")

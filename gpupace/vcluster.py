@@ -51,6 +51,10 @@ class VirtualCluster:
         self._k = {"barrier": barrier, "reduce": reduce, "spin": spin, "stamp": stamp,
                    "update": update}
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        if self.device.index != torch.cuda.current_device():  # Triton launches on the current one
+            raise ValueError(f"the virtual cluster runs on the current CUDA device, "
+                             f"cuda:{torch.cuda.current_device()}; got device={device}: call "
+                             f"torch.cuda.set_device({device}) first")
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         if n_ranks < 2 or n_ranks * (ctas + 1) >= sms:
             raise ValueError(f"need 2 <= n_ranks and n_ranks * (ctas + 1) < {sms} SMs so every "
@@ -175,54 +179,68 @@ class VirtualCluster:
 
 def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: int = 20,
                   warps: int = 16, device: int | None = None) -> dict[str, float]:
-    """Compute throughput (TFLOP/s, bf16 matmuls on one stream) alone, while a barrier that
-    nobody else reaches spins on K CTAs of `warps` warps on another stream (an early rank's
-    NCCL kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the
-    same length runs instead (a paced rank). Also the coupling the simulator takes
-    (`gpupace.sim.presets.SPIN_COUPLING`): the fraction of throughput lost, 1 - with / alone.
-    Also `spin_hold_us`, how long each spinner lasts: where spinning CTAs keep a persistent
-    matmul's CTAs off their SMs, the matmul ends only with the spin, and its time then says
-    more about the hold than about throughput. Synchronises."""
+    """Compute throughput (TFLOP/s, bf16 on one stream) alone, while a barrier that nobody
+    else reaches spins on K CTAs of `warps` warps on another stream (an early rank's NCCL
+    kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the same
+    length runs instead (a paced rank); and the coupling the simulator takes
+    (`gpupace.sim.presets.SPIN_COUPLING`), the fraction of throughput lost, 1 - with / alone.
+    Two loads, keys prefixed by theirs: `mm`, `reps` [size x size] matmuls, whose cuBLAS
+    kernels on Hopper may be persistent (one CTA per SM, each looping over tiles): a spinner
+    that keeps one CTA off its SM makes the matmul end with the spin, so that figure says how
+    long a spinner holds an SM as much as what it takes from throughput; and `bmm`, batched
+    small matmuls whose grid is many times the SM count, which take what SMs are free: the
+    premise's figure. Also `spin_hold_us` per load: each spinner outlasts its load 3x.
+    Synchronises."""
     from gpupace.kernels import barrier, spin
 
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    if dev.index != torch.cuda.current_device():  # Triton launches on the current device
+        raise ValueError(f"spin_coupling runs on the current CUDA device, "
+                         f"cuda:{torch.cuda.current_device()}; got device={device}")
+    side = torch.cuda.Stream(device=dev)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
-    side = torch.cuda.Stream(device=dev)
-    flops = 2.0 * size ** 3 * reps
-
-    def timed() -> float:
-        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        t0.record()
-        for _ in range(reps):
-            torch.mm(a, b)
-        t1.record()
-        t1.synchronize()
-        return t0.elapsed_time(t1) * 1e-3
-
-    timed()  # warm-up: cuBLAS handles, clocks
-    base = timed()
-    out = {"matmul_alone_tflops": flops / base / 1e12}
-    hold_us = 3 * base * 1e6  # the spinner outlasts the matmuls
-    out["spin_hold_us"] = hold_us
+    batch, small = 512, 256  # 512 x 64 tiles of 32 x 32 at least: many times any SM count
+    p = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
+    loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3 * reps),
+             "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3 * reps)}
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
-    for k in ctas:
-        count = torch.zeros(1, dtype=torch.int32, device=dev)
-        flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    out: dict[str, float] = {}
+    for name, (load, flops) in loads.items():
+        def timed(load=load) -> float:
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            for _ in range(reps):
+                load()
+            t1.record()
+            t1.synchronize()
+            return t0.elapsed_time(t1) * 1e-3
+
+        timed()  # warm-up: cuBLAS handles, clocks
+        base = timed()
+        got = {"alone": flops / base / 1e12}
+        hold_us = 3 * base * 1e6  # the spinner outlasts the load
+        for k in ctas:
+            count = torch.zeros(1, dtype=torch.int32, device=dev)
+            flag = torch.zeros(1, dtype=torch.int32, device=dev)
+            torch.cuda.synchronize(dev)
+            with torch.cuda.stream(side):
+                barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps,
+                                timeout_us=hold_us)
+            got[f"with_{k}_cta_spin"] = flops / timed() / 1e12
+            torch.cuda.synchronize(dev)
+        delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
+        applied = torch.zeros(1, device=dev)
+        reads = torch.zeros(1, dtype=torch.int32, device=dev)
         torch.cuda.synchronize(dev)
         with torch.cuda.stream(side):
-            barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps, timeout_us=hold_us)
-        out[f"matmul_with_{k}_cta_spin_tflops"] = flops / timed() / 1e12
+            spin.spin(delay, applied, reads, clk, cap_us=hold_us)
+        got["with_one_warp_spin"] = flops / timed() / 1e12
         torch.cuda.synchronize(dev)
-    delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
-    applied = torch.zeros(1, device=dev)
-    reads = torch.zeros(1, dtype=torch.int32, device=dev)
-    torch.cuda.synchronize(dev)
-    with torch.cuda.stream(side):
-        spin.spin(delay, applied, reads, clk, cap_us=hold_us)
-    out["matmul_with_one_warp_spin_tflops"] = flops / timed() / 1e12
-    torch.cuda.synchronize(dev)
-    alone = out["matmul_alone_tflops"]
-    out.update({k.replace("matmul_with_", "coupling_").replace("_tflops", ""): 1.0 - v / alone
-                for k, v in list(out.items()) if k.startswith("matmul_with_")})
+        prefix = "" if name == "mm" else f"{name}_"  # the mm keys as before
+        out[f"{prefix}spin_hold_us"] = hold_us
+        out.update({f"{prefix}matmul_{k}_tflops": v for k, v in got.items()})
+        out.update({f"{prefix}coupling_{k[5:]}": 1.0 - v / got["alone"]
+                    for k, v in got.items() if k.startswith("with_")})
     return out

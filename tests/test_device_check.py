@@ -49,6 +49,8 @@ def test_result_files_and_verdicts(tmp_path):
     q = {"p20": 1.0, "p50": 2.0, "p80": 3.0, "p99": 4.0, "n": 9}
     fig = {"timer_tick_ns": 32.0, "host_syncs_per_step": 0.0,
            "spin_error_us": q | {"by_delay": {"5.0": q}},
+           "spin_error_events_us": q | {"by_delay": {"5.0": q | {"p99": 4.5}}},
+           "spin_error_events_abs_p99_us": 4.5,
            "overhead": {"graph_1_sites": {"per_collective_us": q, "plain_step_us": q,
                                           "paced_step_us": q},
                         "eager_1_sites": {"per_collective_us": q | {"p50": 20.0},
@@ -56,7 +58,10 @@ def test_result_files_and_verdicts(tmp_path):
     v = dc.verdicts(fig)
     assert v["graph_overhead_us"].startswith("met")
     assert v["eager_overhead_us"].startswith("missed")
-    assert v["spin_error_p99"].startswith("missed")  # 4 us > 0.032 + 1
+    # judged on the events: 4.5 us > 0.032 + 1 (the own clock's error cannot fail)
+    assert v["spin_error_p99"].startswith("missed: p99 of |error| 4.50 us, timed by CUDA events")
+    assert dc.verdicts(fig | {"spin_error_events_abs_p99_us": 0.8})["spin_error_p99"] \
+        .startswith("met")
     assert dc.verdicts({})["graph_overhead_us"] == "not measured"
     res = {"stem": "2026-01-01-test-gpu", "figures": fig, "verdicts": v,
            "machine": {"gpu": "Test GPU", "date": "2026-01-01T00:00:00Z"},
@@ -67,6 +72,8 @@ def test_result_files_and_verdicts(tmp_path):
     assert j.name == "2026-01-01-test-gpu.json" and md.suffix == ".md"
     text = md.read_text()
     assert "Test GPU" in text and "| graph_1_sites | 1.00 | 2.00 | 3.00 |" in text
+    assert "| 5.0 | 2.000 | 4.500 | 2.000 | 4.000 |" in text and "| all | 2.000 | 4.000 | 2.000 | " \
+        "4.000 |" in text
     assert "- microbenchmark syncs failed: RuntimeError: boom" in text
     assert "- microbenchmark overhead skipped: cupy is not installed" in text
     assert dc.slug("NVIDIA H200") == "nvidia-h200"
@@ -110,6 +117,19 @@ def test_the_launch_cost_probe_runs_in_its_own_process_and_skips_without_cuda(tm
     ran = dc.run_launch_cost(fig, log, 120.0)
     assert ran["ran"] and ran["returncode"] == 0 and fig == {}
     assert "launch cost: SKIP: no CUDA device" in log.read_text()
+
+
+def test_half_a_launch_cost_file_is_an_error_not_the_end_of_the_check(tmp_path, monkeypatch):
+    """A probe killed mid-write leaves half its JSON: the check records why and goes on to
+    its other phases (a traceback there ended the run before the overhead figures)."""
+    dc = load()
+    probe = tmp_path / "root" / "bench" / "launch_cost.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("import sys\nopen(sys.argv[2], 'w').write('{\"jit_us\": 1')\n")
+    monkeypatch.setattr(dc, "ROOT", tmp_path / "root")
+    fig: dict = {}
+    ran = dc.run_launch_cost(fig, tmp_path / "check.log", 60.0)
+    assert ran["returncode"] == 0 and ran["error"].startswith("JSONDecodeError") and fig == {}
 
 
 def test_sync_verdict_needs_the_host_to_run_ahead_of_a_busy_gpu():

@@ -91,3 +91,37 @@ def test_device_engine_issue_and_leave_around_an_async_collective():
         for g in rows:
             assert (g[:, 0] == 1).all()  # one site per rank, its exit stamped
             assert np.isfinite(g[:, 2]).all() and (g[:, 2] >= 0).all()  # a wait for each
+
+
+def _exchanges_alone(rank: int, world: int, gather_alone: bool):
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch.distributed as dist
+
+    from gpupace import PaceConfig
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="pace"), None, rank, world, device="cpu")
+    eng.gather_alone = gather_alone
+    calls, real = [], dist.all_gather
+
+    def counted(*args, **kwargs):  # the real all_gather, counted
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_gather = counted
+    try:
+        for step in range(3):
+            eng.exit(eng.arrive())
+            eng.end_step(step, 0.0)
+    finally:
+        dist.all_gather = real
+    return len(calls), eng.gathered.numpy().copy()
+
+
+@pytest.mark.parametrize("gather_alone", [False, True])
+def test_one_rank_exchanges_by_copy_or_by_all_gather_for_the_benchmarks(gather_alone):
+    """At world size 1 the exchange is a copy; the benchmarks set `gather_alone` so that the
+    time they report per paced collective includes the all_gather a step of many ranks pays."""
+    ((calls, gathered),) = run_ranks(_exchanges_alone, 1, gather_alone)
+    assert calls == (3 if gather_alone else 0)
+    assert gathered[0, 0] == 1 and gathered[0, 2] >= 0  # the row itself: one site, its wait

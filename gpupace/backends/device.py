@@ -84,16 +84,21 @@ class DeviceEngine:
                  device: torch.device | str | None = None, ring_len: int = 256):
         if device is not None:
             dev = torch.device(device)
+            if dev.type == "cuda" and dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+            where = "the device given is"
         elif torch.cuda.is_available():
             dev = cuda_device(group)
-            if dev.index != torch.cuda.current_device():
-                # The kernels launch on the current device's streams and the collectives run
-                # on the group's device: apart, the stamps would time another GPU's stream.
-                raise ValueError(f"gpupace: the process group runs on {dev} but the current "
-                                 f"CUDA device is cuda:{torch.cuda.current_device()}; call "
-                                 f"torch.cuda.set_device({dev.index}) before making the Pacer")
+            where = "the process group runs on"
         else:
             dev = torch.device("cpu")
+        if dev.type == "cuda" and dev.index != torch.cuda.current_device():
+            # Triton and CuPy launch on the current device, the collectives on the group's: apart,
+            # the stamps would time another GPU's stream, or the kernels read another GPU's
+            # buffers (an illegal address).
+            raise ValueError(f"gpupace: {where} {dev} but the current CUDA device is "
+                             f"cuda:{torch.cuda.current_device()}; call "
+                             f"torch.cuda.set_device({dev.index}) before making the Pacer")
         from gpupace.kernels import clock, reduce, spin, stamp, update  # triton only from here
 
         self._k_spin, self._k_stamp, self._k_update, self._k_reduce = spin, stamp, update, reduce
@@ -286,8 +291,14 @@ class DeviceEngine:
         self._poll(self._calls % COPY_EVERY == 0)
         return self._records.popleft() if self._records else None
 
+    # At world size 1 the exchange is a copy. The benchmarks set this to run the all_gather
+    # all the same: the added time per collective they report is then what a step of many
+    # ranks pays for its exchange (one tiny NCCL launch), not less.
+    gather_alone = False
+
     def _exchange(self) -> None:
-        if self.world_size == 1 or self.group is None and not dist.is_initialized():
+        alone = self.world_size == 1 and not self.gather_alone
+        if alone or self.group is None and not dist.is_initialized():
             self.gathered[0].copy_(self.row)
         elif self.device.type == "cuda":
             gather_rows(self.gathered, self.row, self.group)

@@ -36,10 +36,12 @@ def test_estimated_spread_matches_shared_clock_truth(figures):
     err = np.abs(e - t)
     figures["vcluster_spread_error_p50_us"] = float(np.median(err))
     figures["vcluster_spread_error_max_us"] = float(err.max())
-    figures["vcluster_true_spread_mean_us"] = float(t.mean())
+    # per site: the skew comes before site 0; every rank leaves site 0's barrier together,
+    # so site 1's spread is launch jitter alone (a few us)
+    figures["vcluster_true_spread_mean_us_by_site"] = [float(x) for x in t.mean(axis=0)]
     figures["vcluster_timed_out"] = r.timed_out
     assert not r.timed_out
-    assert (t > 100).all()  # the injected skew is there
+    assert (t[:, 0] > 100).all()  # the injected skew is there
     assert (err <= np.maximum(2.0, 0.05 * t)).all(), (err.max(), t[err.argmax() // 2])
 
 
@@ -70,8 +72,10 @@ def test_spin_coupling_figure(figures):
     out = spin_coupling(ctas=(1, 8, 32), size=4096, reps=20)
     figures["spin_coupling"] = out  # TFLOP/s, and 1 - with / alone: the simulator's coupling
     assert all(np.isfinite(v) and v > 0 for k, v in out.items() if k.endswith("tflops")), out
-    assert all(-0.5 < v < 1.0 for k, v in out.items() if k.startswith("coupling_")), out
+    assert all(-0.5 < v < 1.0 for k, v in out.items() if "coupling_" in k), out
     # The premise of pacing on a GPU (DESIGN.md, "Why pacing can raise throughput"): a paced
     # rank's one-warp spin takes less from the compute than an early NCCL kernel's 32 spinning
-    # CTAs. A margin of 0.05 for timing noise; a failure here is a finding against the premise.
-    assert out["coupling_one_warp_spin"] <= out["coupling_32_cta_spin"] + 0.05, out
+    # CTAs. On the batched load, which takes whatever SMs are free (a persistent matmul's
+    # figure says how long a spinner holds an SM as much; it is recorded, not judged). A
+    # margin of 0.05 for timing noise; a failure here is a finding against the premise.
+    assert out["bmm_coupling_one_warp_spin"] <= out["bmm_coupling_32_cta_spin"] + 0.05, out
