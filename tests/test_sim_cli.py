@@ -32,7 +32,7 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     oracle_rows = [ln.split() for ln in out.splitlines() if ln.split()[2:3] == ["oracle"]]
     assert [r[-1] for r in oracle_rows] == ["100", "100"]  # percent, not a fraction
     doc = json.loads(js.read_text())
-    assert set(doc) == {"preset", "rows"} and doc["preset"] == "amplification"
+    assert set(doc) == {"preset", "notes", "rows"} and doc["preset"] == "amplification"
     assert len(doc["rows"]) == 6
     for r in doc["rows"]:
         assert set(r) == ROW_KEYS
@@ -72,6 +72,44 @@ def test_cli_rejects_empty_nodes_short_runs_and_names_the_option(capsys, argv, o
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith(f"gpupace simulate: error: {option} ") and expected in err[0]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("telemetry,nodes,expected", [
+    ("{dir}/n{nodes}.jsonl", "1,2", "with {nodes} needs {policy} too"),
+    ("{dir}/{policy}.jsonl", "1,2", "with {policy} and 2 node counts needs {nodes} too"),
+])
+def test_telemetry_names_that_runs_would_write_over_are_refused(tmp_path, capsys, telemetry,
+                                                                  nodes, expected):
+    """Each node count runs none, gpupace and oracle: a name without {policy} held the oracle
+    run alone, one without {nodes} the last node count's, the others written and lost."""
+    rc = main(["simulate", "--preset", "quiet", "--nodes", nodes, "--steps", "10000000",
+               "--telemetry", telemetry.replace("{dir}", str(tmp_path))])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and expected in err[0], err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
+    """At 64 nodes (512 ranks) a rank is delayed only after 1000 steps on time (the holdoff):
+    in a run of 200 steps, whose second half is measured, gpupace's row there shows the
+    policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 48 steps)."""
+    js = tmp_path / "t.json"
+    assert main(["simulate", "--preset", "quiet", "--nodes", "1,64", "--steps", "200",
+                 "--json", str(js)]) == 0
+    note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
+    assert len(note) == 1 and "(100 on): 64 node(s) 0%." in note[0], note
+    assert "Use --steps 2216 or more" in note[0]
+    assert json.loads(js.read_text())["notes"] == note
+
+
+def test_the_locality_preset_needs_two_gpus_per_node(capsys):
+    """With one GPU per node every rank is its node's rank 0: the handicap fell on all alike
+    (slower compute, no spread) and the scenario still said 'locality'."""
+    rc = main(["simulate", "--preset", "locality", "--gpus-per-node", "1", "--nodes", "2"])
+    assert rc == 2 and "--gpus-per-node >= 2, got 1" in capsys.readouterr().err
+    assert "locality" not in presets.paper(2, gpus_per_node=1).failure_modes()
+    assert "locality" in presets.paper(2, gpus_per_node=2).failure_modes()
 
 
 @pytest.mark.timeout(30)

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from ..cli import check_output_file
+from ..config import PaceConfig
 from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import Scenario
-from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, SimResult
+from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, SimResult, policy_start_step
 from .table import finite, format_table, plot_table, scaling_table
 
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
@@ -86,7 +87,7 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
         raise ValueError(f"--gpus-per-node must be an integer in [1, 64], got {args.gpus_per_node}")
     if not MIN_STEPS <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must be an integer in [{MIN_STEPS}, {MAX_STEPS}] (the figures "
-                         f"use the second half, after the policy's warm-up), got {args.steps}")
+                         f"use the second half), got {args.steps}")
     if args.seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     if args.from_telemetry and args.preset:
@@ -96,8 +97,16 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
     if args.plot:
         check_plot(args.plot)
     if args.telemetry:
-        check_output_file("--telemetry", args.telemetry.replace("{nodes}", "1")
-                     .replace("{policy}", "none"))
+        tel = args.telemetry
+        # Every node count runs three policies: a name without one of the two would be written
+        # again by the next run, and hold the last one only.
+        if "{nodes}" in tel and "{policy}" not in tel:
+            raise ValueError(f"--telemetry with {{nodes}} needs {{policy}} too (each node count "
+                             f"runs none, gpupace and oracle), got {tel!r}")
+        if "{policy}" in tel and "{nodes}" not in tel and len(nodes) > 1:
+            raise ValueError(f"--telemetry with {{policy}} and {len(nodes)} node counts needs "
+                             f"{{nodes}} too, got {tel!r}")
+        check_output_file("--telemetry", tel.replace("{nodes}", "1").replace("{policy}", "none"))
     return nodes
 
 
@@ -106,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_telemetry:
         fit = fit_telemetry(args.from_telemetry)
         name = fit.scenario(1, args.gpus_per_node).name
+        title = f"fitted to {args.from_telemetry}"
 
         def make(n: int) -> Scenario:
             return fit.scenario(n, args.gpus_per_node)
@@ -114,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"fit: {note}")
     else:
         name = args.preset or "paper"
+        title = f"preset {name}"
 
         def make(n: int) -> Scenario:
             return get_preset(name, n, args.gpus_per_node)
@@ -140,9 +151,12 @@ def run(args: argparse.Namespace) -> int:
                          progress=_Progress(), on_result=on_result)
     if sys.stderr.isatty():  # clears the progress line; a log keeps its lines as they are
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
-    print(f"preset {name}, {args.gpus_per_node} GPUs per node, {args.steps} steps, seed {args.seed}"
+    print(f"{title}, {args.gpus_per_node} GPUs per node, {args.steps} steps, seed {args.seed}"
           f" ({time.perf_counter() - t0:.1f} s)")
     print(format_table(rows))
+    late = policy_too_late(nodes, args.gpus_per_node, args.steps)
+    if late:
+        print(late)
     if name == "paper":
         print(STUDY)
     if biggest.coupling == 0.0:
@@ -150,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if "res" in keep_last:
         write_telemetry(keep_last["res"], tel)
     if args.json:
-        out: dict[str, Any] = {"preset": name,
+        out: dict[str, Any] = {"preset": name, "notes": [late] if late else [],
                                "rows": [{k: finite(v) if isinstance(v, float) else v
                                          for k, v in r.items()} for r in rows]}
         if args.from_telemetry:  # the whole fit, every rank's offset with it
@@ -160,15 +174,35 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot_table(rows, args.plot, title=f"gpupace simulate --preset {name}")
+        plot_table(rows, args.plot, title=f"gpupace simulate, {title}")
     return 0
+
+
+def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int) -> str | None:
+    """A note when, at some node counts, the gpupace policy could act in less than 90% of the
+    measured steps (the second half): before `policy_start_step` it delays nobody, so its rows
+    there show little or nothing of it."""
+    cfg = PaceConfig(mode="pace")  # what `simulate` runs
+    measured = steps - steps // 2
+    acting = {n: min(1.0, max(0.0, (steps - policy_start_step(cfg, n * gpus_per_node)) / measured))
+              for n in nodes}
+    late = [n for n, f in acting.items() if f < 0.9]
+    if not late:
+        return None
+    need = policy_start_step(cfg, max(late) * gpus_per_node)
+    shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}%" for n in late)
+    return (f"note: the gpupace policy could delay ranks in only part of the measured steps "
+            f"({steps // 2} on): {shares}. A rank is delayed only once it has been on time for "
+            f"the holdoff, 5 steps per rank (at most 1000), so gpupace's rows there show little "
+            f"of it. Use --steps {2 * need + 200} or more.")
 
 
 def no_coupling_note(name: str) -> str:
     """Why none, gpupace and oracle agree on an uncoupled scenario, and how to add a coupling."""
     return (f"note: {name} has no coupling (Scenario.coupling = 0): without one, pacing cannot "
-            "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties "
-            "(README, 'What if the job ran on 512 GPUs'). No telemetry file shows a "
+            "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties, "
+            "or loses a little where a delayed rank turns out last (README, 'What if the job "
+            "ran on 512 GPUs'). No telemetry file shows a "
             "coupling; to assume one, use Python: fit_telemetry(path).scenario(nodes, "
             "coupling=0.2, paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see "
             "--preset amplification.")

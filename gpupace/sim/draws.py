@@ -13,9 +13,6 @@ import numpy as np
 from . import engine, fabric
 from .scenario import Scenario
 
-# A stall longer than this many Pareto scales is clipped: alpha < 2 has no variance and one
-# draw would otherwise dominate a whole run (assumption, documented as a model limit).
-SPIKE_CLIP = 100.0
 # Floats per chunk array: bounds memory (16 MB) whatever the rank count.
 CHUNK_FLOATS = 2_000_000
 
@@ -88,7 +85,8 @@ class Draws:
         if sc.spike_prob > 0:
             hit = rng.random((c, n)) < sc.spike_prob
             k = int(hit.sum())
-            size = sc.spike_us * np.minimum(rng.random(k) ** (-1.0 / sc.spike_alpha), SPIKE_CLIP)
+            size = sc.spike_us * np.minimum(rng.random(k) ** (-1.0 / sc.spike_alpha),
+                                            sc.spike_clip)
             where = rng.integers(0, nb + 1, size=k)  # 0: the forward, b + 1: bucket b
             ts, rs = np.nonzero(hit)
             on_fwd = where == 0

@@ -27,7 +27,11 @@ def _workload() -> dict:
 
 
 def _pattern(gpus_per_node: int, handicap_us: float) -> tuple[float, ...]:
-    far = [r for r in FAR_LOCAL_RANKS if r < gpus_per_node] or [gpus_per_node - 1]
+    """The handicap on local ranks 6 and 7 of each node (the last one, with fewer GPUs); none
+    with one GPU per node, where it would fall on every rank alike: slower compute, no
+    locality."""
+    far = [r for r in FAR_LOCAL_RANKS if r < gpus_per_node] or \
+        ([gpus_per_node - 1] if gpus_per_node > 1 else [])
     return tuple(handicap_us if r in far else 0.0 for r in range(gpus_per_node))
 
 
@@ -50,7 +54,11 @@ def jitter(nodes: int, gpus_per_node: int = 8, regimes: bool = True) -> Scenario
 
 def locality(nodes: int, gpus_per_node: int = 8, handicap_us: float = 3_000.0) -> Scenario:
     """Locality only: local ranks 6 and 7 of every node carry a fixed extra 3 ms per step
-    (3.3% of compute; assumption), nothing random. `SimResult.slow_ranks` names them."""
+    (3.3% of compute; assumption), nothing random. `SimResult.slow_ranks` names them. Needs
+    2 GPUs per node or more: with one, every rank is a node's rank 0 and none is far."""
+    if gpus_per_node < 2:
+        raise ValueError(f"the locality preset handicaps some local ranks of each node against "
+                         f"the others, so it needs --gpus-per-node >= 2, got {gpus_per_node}")
     return Scenario(name="locality", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
                     locality_pattern_us=_pattern(gpus_per_node, handicap_us))
 

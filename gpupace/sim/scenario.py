@@ -66,6 +66,10 @@ class Scenario:
     spike_alpha: float = 1.5
     """Pareto shape of stalls; < 2 means infinite variance, the heavy tail the study describes
     (assumption; OS-noise amplification at scale: Petrini et al., SC'03)."""
+    spike_clip: float = 100.0
+    """The longest stall, in units of `spike_us`: with alpha < 2 one draw would otherwise
+    dominate a whole run (assumption, a model limit). A fit sets it to the longest stall its
+    file holds: a tail fitted to a handful of stalls has no business reaching past them."""
     regime_on_prob: float = 0.0
     """Chance per step that the job enters the communication-bound regime (0: never)."""
     regime_off_prob: float = 0.1
@@ -164,7 +168,8 @@ class Scenario:
         if self.noise_sigma > 0 or self.spike_prob > 0 or (
                 self.regime_on_prob > 0 and self.regime_comm_factor != 1.0):
             modes.append("jitter")
-        if (any(v > 0 for v in self.locality_pattern_us + self.input_pattern_us)
+        # an offset that every rank carries alike is slower compute, not locality
+        if (any(p and max(p) > min(p) for p in (self.locality_pattern_us, self.input_pattern_us))
                 or self.rank_speed_sigma > 0):
             modes.append("locality")
         if self.contention_mean > 0 or (self.oversubscription > 1 and self.leaves > 1):
@@ -189,6 +194,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "spike_prob": (0.0, 1.0, "float"),
     "spike_us": (0.0, 1e8, "pos"),
     "spike_alpha": (1.0, 10.0, "pos"),
+    "spike_clip": (1.0, 1e6, "float"),
     "regime_on_prob": (0.0, 1.0, "float"),
     "regime_off_prob": (0.0, 1.0, "pos"),
     "regime_comm_factor": (1.0, 100.0, "float"),

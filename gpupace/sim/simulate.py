@@ -66,8 +66,10 @@ class SimResult:
         return self.scenario.ranks
 
     def summary(self, skip: int | None = None) -> dict[str, Any]:
-        """Steady-state figures over steps `skip..` (default: the second half, after the
-        policy's warmup and holdoff). Throughput in samples/s."""
+        """Steady-state figures over steps `skip..` (default: the second half). Throughput in
+        samples/s. The policy delays a rank only after its warm-up and the holdoff (5 steps per
+        rank, at most 1000 by default: `policy_start_step`); a run of fewer than twice that
+        many steps shows none of its delays in the second half."""
         skip = self.steps // 2 if skip is None else skip
         st = self.step_us[skip:]
         st = st[np.isfinite(st)]
@@ -83,6 +85,13 @@ class SimResult:
             "active_fraction": float(self.active[skip:].any(axis=1).mean()),
             "delay_mean": float(self.delay_us[skip:].mean()),
         }
+
+
+def policy_start_step(config: PaceConfig, n_ranks: int) -> int:
+    """The first step at which the gpupace policy can delay a rank of `n_ranks`: past its
+    warm-up and on-steps, a rank's floor rises only once it has been on time for the holdoff."""
+    p = pol.PolicyParams.from_config(config, n_ranks)
+    return int(p.warmup_steps + p.on_steps + p.holdoff_steps)
 
 
 def simulate(
