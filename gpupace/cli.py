@@ -13,7 +13,7 @@ from pathlib import Path
 # name -> (module, one-line help)
 COMMANDS = {
     "demo": ("gpupace.demo", "real multi-rank training run: baseline against paced, side by side"),
-    "simulate": ("gpupace.sim.cli", "simulate a cluster of 4 to 4096 ranks with and without pacing"),
+    "simulate": ("gpupace.sim.cli", "simulate a cluster (1 to 4096 nodes) with and without pacing"),
     "report": ("gpupace.report.cli", "HTML report and failure-mode diagnosis from telemetry files"),
     "doctor": ("gpupace.doctor", "which backends this machine supports, and why not"),
 }

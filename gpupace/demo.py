@@ -164,6 +164,13 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):  # nan: no deadline at all
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
+    # Every step of both sides waits for the straggler's work at least: a run that cannot end
+    # before the deadline is refused now, not killed at it (a typo of 20000 for 20 ms).
+    floor_s = 2 * args.steps * args.straggle_ms / 1e3
+    if floor_s >= args.timeout:
+        raise ValueError(f"--straggle-ms {args.straggle_ms:g} over {args.steps} steps a side is "
+                         f"{floor_s:.0f} s of straggler work alone, past --timeout "
+                         f"{args.timeout:g} s: use a smaller --straggle-ms or a larger --timeout")
     _check_outputs(args)
 
 

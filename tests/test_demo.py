@@ -87,6 +87,8 @@ def test_schedule_scenarios_put_the_work_where_they_say():
         (["--steps", "101"], "--steps must be even (two phases a side, half each), got 101"),
         (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
         (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),
+        (["--straggle-ms", "20000", "--steps", "100"], "--straggle-ms 20000 over 100 steps a "
+         "side is 4000 s of straggler work alone, past --timeout 600 s"),
     ],
 )
 def test_demo_bad_options_give_one_clear_error(argv, message, capsys):

@@ -1,4 +1,4 @@
-"""Cluster simulator: bulk-synchronous data-parallel steps of 4 to 4096+ ranks under the
+"""Cluster simulator: bulk-synchronous data-parallel steps of up to 65,536 ranks under the
 study's four failure modes, run with no pacing, the real gpupace policy, or an oracle.
 
     from gpupace.sim import presets, simulate, write_telemetry
