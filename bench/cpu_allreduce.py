@@ -5,7 +5,8 @@ Five variants run interleaved in one loop (order rotated every repeat, a barrier
 timed call, so noise hits all of them alike and repeat i of each is a fair pair):
   plain   `dist.all_reduce`
   paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping), its pacer's `step()`
-          untimed before each call
+          untimed before each call (then the barrier). Both ranks start each call aligned, so
+          the policy delays nobody: this is the mechanism's cost at zero delay
   step    `step()` of a pacer whose one paced call runs untimed just before it: one site
           per step, the worst case (its own pacer: with the order rotated, the paced
           variant's calls do not always fall between two of its steps)
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .harness import Harness, interleave
+from .harness import Harness, interleave, median_ci
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20]
@@ -165,6 +166,7 @@ def bench_allreduce(h: Harness) -> None:
         summary[size] = {
             "bytes": nbytes,
             **{name: float(np.median(r)) for name, r in pairs.items()},
+            "ratio_ci95": {n: median_ci(r) for n, r in pairs.items()},
             "ratio_p20": {n: float(np.percentile(r, 20)) for n, r in pairs.items()},
             "ratio_p80": {n: float(np.percentile(r, 80)) for n, r in pairs.items()},
             "steps_with_delay": {k: int((v > 0).sum()) for k, v in dl.items()},
@@ -179,7 +181,9 @@ def bench_allreduce(h: Harness) -> None:
             one["paced/plain"],
             1.10,
             "x",
-            detail="the paced call itself (site); step() shown separately",
+            detail="the paced call itself (site); step() shown separately; median's 95% "
+            "bootstrap interval [{:.3f}, {:.3f}]: a rerun can move it that much".format(
+                *one["ratio_ci95"]["paced/plain"]),
         )
         h.check(
             "context: (paced 1 MB + step() every call) / plain, median of pairs",

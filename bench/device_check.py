@@ -203,7 +203,7 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for r in range(reps):
-            torch.cuda._sleep(20 * CYCLES_PER_US)
+            torch.cuda._sleep(100 * CYCLES_PER_US)  # outlasts the next launches: GPU time
             starts[r].record()
             spin.spin(d, applied[r : r + 1], reads[r : r + 1], clk, cap_us=2000.0)
             ends[r].record()

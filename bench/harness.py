@@ -148,8 +148,9 @@ def library_versions() -> dict[str, str]:
 
 
 def git_state() -> tuple[str, list[str]]:
-    """The checkout's commit and the library files (gpupace/, kernels/) that differ from it,
-    so a result can be traced to the code it measured; ("", []) outside a git checkout."""
+    """The checkout's commit and the files of the library and the benchmarks (gpupace/,
+    kernels/, bench/) that differ from it, so a result can be traced to the code that
+    measured it; ("", []) outside a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
@@ -162,7 +163,7 @@ def git_state() -> tuple[str, list[str]]:
             timeout=10,
         ).stdout.strip()
         status = subprocess.run(
-            ["git", "status", "--porcelain", "--", "gpupace", "kernels"],
+            ["git", "status", "--porcelain", "--", "gpupace", "kernels", "bench"],
             cwd=root,
             text=True,
             capture_output=True,
@@ -180,6 +181,21 @@ def _slugify(text: str) -> str:
 
 
 # -- timing -------------------------------------------------------------------------------------
+def median_ci(samples: Iterable[float], level: float = 0.95, resamples: int = 2000,
+              seed: int = 0) -> tuple[float, float]:
+    """Bootstrap interval of the median of the finite samples: how far the median of pairs
+    could move on a rerun, the noise a verdict on it must be read against."""
+    a = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples,
+                   dtype=np.float64).ravel()
+    a = a[np.isfinite(a)]
+    if a.size < 2:
+        return math.nan, math.nan
+    draws = np.random.default_rng(seed).choice(a, size=(resamples, a.size))
+    med = np.median(draws, axis=1)
+    tail = 50.0 * (1.0 - level)
+    return float(np.percentile(med, tail)), float(np.percentile(med, 100.0 - tail))
+
+
 def quantiles(samples: Iterable[float]) -> dict[str, float]:
     """p20/p50/p80/p99, mean and count of the finite samples (NaN quantiles when none)."""
     a = np.asarray(
@@ -216,8 +232,12 @@ def interleave(
 ) -> dict[str, np.ndarray]:
     """Times several variants in one loop, rotating their order every repeat, so that noise
     from a shared machine hits all of them alike and sample i of each variant is a fair pair.
-    `before` runs untimed before every timed call (e.g. a barrier); `prepare[k]` untimed before
-    each call of variant k (e.g. writing its inputs afresh, as a collective would). The rotation depends only
+    `prepare[k]` runs untimed before each call of variant k (e.g. writing its inputs afresh,
+    as a collective would), then `before`, untimed, before every timed call (e.g. a barrier:
+    last, so that every timed collective starts with the ranks aligned; a prepare between
+    the barrier and the call, a pacer's step() with uneven host work, had one rank wait for
+    the other inside the timed call: an A/A pair of plain all_reduces read 1.02-1.05x, the
+    review's reproduction, 2026-11-30). The rotation depends only
     on the repeat index, so ranks running the same loop issue the same collectives in order.
     It moves where a round starts, not the cycle: each variant always runs right after the
     same other one, whose code and data it may find warm. Where that matters, `prepare` must
@@ -228,10 +248,10 @@ def interleave(
     for r in range(-warmup, repeats):
         shift = r % len(names)
         for k in names[shift:] + names[:shift]:
-            if before is not None:
-                before()
             if prepare is not None and k in prepare:
                 prepare[k]()
+            if before is not None:
+                before()
             if sync is not None:
                 sync()
             t0 = clock()
@@ -270,6 +290,7 @@ class Harness:
     suite: str
     quick: bool = False
     out_dir: Path = RESULTS_DIR
+    only: tuple[str, ...] = ()  # the benchmarks run, when not all of them
     machine: Machine = field(default_factory=Machine.probe)
     rows: list[dict[str, Any]] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
@@ -282,10 +303,17 @@ class Harness:
 
     @property
     def stem(self) -> str:
-        """`<suite>[-quick]_<hardware>_<YYYYMMDD>`: dated, hardware-named result files."""
+        """`<run>_<hardware>_<YYYYMMDD>`: dated, hardware-named result files; `run` names a
+        partial one (`cpu-quick`, `cpu-only-policy`), which must not write over the full
+        suite's files of the day."""
         day = self.machine.date[:10].replace("-", "")
-        suite = f"{self.suite}-quick" if self.quick else self.suite
-        return f"{suite}_{self.machine.slug(self.suite)}_{day}"
+        return f"{self.run}_{self.machine.slug(self.suite)}_{day}"
+
+    @property
+    def run(self) -> str:
+        """The suite, and what made this run partial: `cpu`, `cpu-quick-only-policy`, ..."""
+        return self.suite + ("-quick" if self.quick else "") + \
+            "".join(f"-only-{n}" for n in sorted(self.only))
 
     def progress(self, msg: str) -> None:
         print(f"[bench {self.suite}] {msg}", file=sys.stderr, flush=True)
@@ -303,7 +331,7 @@ class Harness:
         case_str = case if isinstance(case, str) else " ".join(f"{k}={v}" for k, v in case.items())
         m = self.machine
         row = {
-            "suite": self.suite,
+            "suite": self.run,  # a quick or partial run's rows say so, in the CSV too
             "bench": bench,
             "case": case_str,
             "metric": metric,
@@ -361,7 +389,8 @@ class Harness:
             fig.text(
                 0.99,
                 0.005,
-                f"{self._hw_line()}  {self.machine.date[:10]}",
+                f"{self._hw_line()}  {self.machine.date[:10]}"
+                + ("  QUICK RUN: a few samples" if self.quick else ""),
                 ha="right",
                 va="bottom",
                 fontsize=6.5,
@@ -395,6 +424,7 @@ class Harness:
         doc = {
             "suite": self.suite,
             "quick": self.quick,
+            "only": sorted(self.only),
             "machine": asdict(self.machine),
             "rows": self.rows,
             "checks": [{**asdict(c), "met": c.met} for c in self.checks],
@@ -419,7 +449,8 @@ class Harness:
     def markdown(self) -> str:
         m = self.machine
         lines = [
-            f"# gpupace benchmarks: {self.suite} suite{' (quick)' if self.quick else ''}",
+            f"# gpupace benchmarks: {self.suite} suite{' (quick)' if self.quick else ''}"
+            + (f", only {', '.join(sorted(self.only))}" if self.only else ""),
             "",
             f"- Machine: {self._hw_line()}; load average at start {m.load_avg:.2f}",
             f"- Date (UTC): {m.date}",
@@ -490,8 +521,8 @@ def _fmt(v: float) -> str:
     if not isinstance(v, (int, float)) or not math.isfinite(v):
         return "nan"
     a = abs(v)
-    if a == 0 or 0.01 <= a < 1e5:
-        return f"{v:.3g}" if a < 10 else f"{v:.1f}" if a < 1000 else f"{v:.0f}"
+    if a == 0 or 0.01 <= a < 1e5:  # 3 decimals below 10: a ratio of 1.104 is not "1.1"
+        return f"{v:.3f}" if a < 10 else f"{v:.1f}" if a < 1000 else f"{v:.0f}"
     return f"{v:.3g}"
 
 

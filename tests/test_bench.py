@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bench.__main__ import gpu_missing, main
-from bench.harness import SCHEMA, Harness, Machine, interleave, quantiles, time_calls
+from bench.harness import SCHEMA, Harness, Machine, interleave, median_ci, quantiles, time_calls
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,6 +44,44 @@ def test_interleave_rotates_order_and_times_every_repeat():
     rounds = [order[i : i + 3] for i in range(0, len(order), 3)]
     assert len(rounds) == 5 and {r[0] for r in rounds} == {"a", "b", "c"}
     assert time_calls(lambda: None, warmup=0, repeats=3).shape == (3,)
+
+
+def test_interleave_runs_a_variants_preparation_before_the_barrier():
+    """The barrier comes last before each timed call, so that every timed collective starts
+    with the ranks aligned: a preparation after it (a pacer's step(), uneven across ranks)
+    made one rank wait inside the timed call, and an A/A pair read 1.02-1.05x."""
+    order: list[str] = []
+    interleave({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=0,
+               repeats=2, before=lambda: order.append("|"),
+               prepare={"a": lambda: order.append("prep a")})
+    assert order == ["prep a", "|", "a", "|", "b", "|", "b", "prep a", "|", "a"]
+
+
+def test_median_interval_brackets_the_median_and_narrows_with_samples():
+    rng = np.random.default_rng(3)
+    few, many = rng.normal(1.0, 0.1, 50), rng.normal(1.0, 0.1, 5000)
+    lo, hi = median_ci(few)
+    assert lo < np.median(few) < hi
+    lo2, hi2 = median_ci(many)
+    assert lo2 < np.median(many) < hi2 and hi2 - lo2 < 0.3 * (hi - lo)
+    assert all(math.isnan(v) for v in median_ci([1.0]))
+
+
+def test_a_partial_run_names_its_files_and_rows_so(tmp_path, capsys):
+    """`--only` and `--quick` runs get files of their own (an --only run of the day wrote over
+    the full suite's files) and say so in every row, the JSON and the page."""
+    h = Harness("cpu", quick=True, out_dir=tmp_path, machine=Machine.probe(""), only=("policy",))
+    assert h.stem.startswith("cpu-quick-only-policy_")
+    assert h.record("demo", "x", [1.0, 2.0])["suite"] == "cpu-quick-only-policy"
+    h.write()
+    doc = json.loads((tmp_path / f"{h.stem}.json").read_text())
+    assert doc["only"] == ["policy"] and doc["quick"] is True
+    assert Harness("cpu", machine=h.machine).stem.startswith("cpu_")
+    # names are checked against the suites asked for, before any runs
+    with pytest.raises(SystemExit) as e:
+        main(["--suite", "cpu", "--only", "spin", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "unknown benchmark(s) ['spin'] for --suite cpu" in \
+        capsys.readouterr().err
 
 
 def test_machine_names_the_hardware_and_versions():

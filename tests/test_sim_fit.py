@@ -10,7 +10,7 @@ import pytest
 
 from gpupace.sim import Scenario, fit_telemetry, simulate
 from gpupace.sim.records import to_records
-from gpupace.telemetry import TelemetryWriter, make_header, read_telemetry
+from gpupace.telemetry import StepRecord, TelemetryWriter, make_header, read_telemetry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,3 +127,43 @@ def test_fitted_stalls_stay_within_the_longest_the_file_holds(tmp_path):
     assert np.nanmax(got.step_us) <= 1.2 * np.nanmax(true.step_us)
     assert got.summary(1)["step_time_cv"] == pytest.approx(true.summary(1)["step_time_cv"],
                                                            rel=0.3)
+
+
+def _quiet_file(path, world: int, late=(), stall_rank_step=None, steps: int = 300,
+                noise_us: float = 200.0):
+    """A 30 ms job's telemetry with `noise_us` of noise; `late` ranks 3 ms behind every step, and one
+    100 s stall (a checkpoint write) at (rank, step) if given."""
+    rng = np.random.default_rng(0)
+    header = make_header(source="pacer", world_size=world, label="q",
+                         config={"mode": "observe", "warmup_steps": 10}, samples_per_step=128)
+    w = TelemetryWriter(path, header)
+    for k in range(steps):
+        comp = 30e3 + rng.normal(0, noise_us, world)
+        comp[list(late)] += 3000.0
+        if stall_rank_step is not None and k == stall_rank_step[1]:
+            comp[stall_rank_step[0]] += 100e6
+        early = comp.max() - comp
+        st = float(comp.max() + 600.0) if k else float("nan")
+        w.write(StepRecord(step=k, time_s=0.03 * k, step_time_us=st, spread_us=float(early.max()),
+                           residual_us=float(early.max()), transfer_us=600.0,
+                           straggler=int(np.argmax(comp)), active=False,
+                           earliness_us=early.tolist(), wait_us=(early + 600.0).tolist(),
+                           delay_us=[0.0] * world, site_spread_us=[float(early.max())]))
+    w.close()
+    return path
+
+
+def test_one_stall_a_million_times_the_noise_still_fits(tmp_path):
+    """One 100 s checkpoint write in a 30 ms job of 5 us noise: 2.8e6 Pareto scales, past the
+    scenario's bound, and the fit raised instead of clipping there."""
+    fit = fit_telemetry(_quiet_file(tmp_path / "ckpt.jsonl", 8, stall_rank_step=(0, 150),
+                                    noise_us=5.0))
+    assert fit.spike_clip == 1e6 and fit.scenario(1, 8).spike_clip == 1e6
+
+
+@pytest.mark.parametrize("late", [range(12, 16), range(8, 16)])
+def test_the_fit_names_a_late_node_of_half_the_ranks(tmp_path, late):
+    """Half the ranks 3 ms late: the median offset sits between the groups, and a cut above it
+    named 'no steadily late rank'."""
+    fit = fit_telemetry(_quiet_file(tmp_path / "half.jsonl", 16, late=late))
+    assert f"{len(late)} ranks steadily late (up to 3." in fit.describe(), fit.describe()

@@ -17,7 +17,7 @@ count of the report):
   collective overlaps compute that outlasts it) is counted as lost all the same.
 - locality: each rank's lateness behind the median rank; a rank late by a steady offset in
   most steps is a locality rank, and every step loses the largest such offset.
-- Late spells (`ranks.late_spells`): a rank clearly last in most steps of a stretch of the
+- Late spells (`spells.late_spells`): a rank clearly last in most steps of a stretch of the
   run, not all of it (late in turn, or from halfway on). Each spell step's lead is taken off
   the ideal as a locality rank's, and goes to sync_amplification: a delay on one rank that
   every rank waits for, with the spell's own advice (what ran there then, not placement).
@@ -58,13 +58,13 @@ from .load import Run
 from .ranks import (
     clear_last,
     late_rank,
-    late_spells,
     lateness,
     locality_offsets,
     measured,
     offset_floor,
     rank_costs,
 )
+from .spells import late_spells
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
@@ -345,10 +345,19 @@ def _diagnose(run: Run) -> Diagnosis:
             "cost_us_per_step": float(lead.mean()),
             "share_of_step": float(lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
     if spells:
+        step_no = run.step[ok]
+        spans = [(step_no >= sp["first_step"]) & (step_no <= sp["last_step"]) for sp in spells]
+        weight = np.array([sp["cost_us_per_step"] * sp["steps"] for sp in spells])
+        behind = np.array([sp["behind_us"] for sp in spells])
+        order = np.argsort(behind)  # "typically": the median weighed by what each spell cost
+        cum = np.cumsum(weight[order])
+        typical = float(behind[order][np.searchsorted(cum, 0.5 * cum[-1])]) if cum[-1] > 0 \
+            else float(np.median(behind))
         summary["late_spells"] = {
             "spells": spells, "ranks": sorted({r for sp in spells for r in sp["ranks"]}),
-            "steps_fraction": sum(sp["steps"] for sp in spells) / n,
-            "behind_us": _p(np.array([sp["behind_us"] for sp in spells]), 50),
+            "steps_fraction": float(np.logical_or.reduce(spans).mean()),
+            "overlapping": bool((np.sum(spans, axis=0) > 1).any()),
+            "behind_us": typical,
             "cost_us_per_step": float(spell_lead.mean()),
             "share_of_step": float(spell_lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
     lost_step = np.maximum(st - ideal, 0.0)

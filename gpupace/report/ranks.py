@@ -9,10 +9,6 @@ timestamps are compared across ranks.
   (at most: the transfer and the other sites unchanged). The ranks' costs add up to the last
   rank's mean lead, and they answer "how much does rank 3 cost" directly, where the lost time
   is against an ideal step that a noisy machine never repeats.
-- A late spell is a stretch of steps in which a rank, or a group of ranks together, has a
-  steady offset that the rest of the run does not have (`late_spells`): ranks that turn late
-  for a while, or for the rest of the run, which neither a whole run's steady offset nor
-  random lateness describes.
 """
 
 from __future__ import annotations
@@ -30,12 +26,6 @@ MIN_CLEAR_STEPS = 10  # steps with a clear last rank before one can be called pe
 # Steps per block when the costs are computed: bounds the temporary copies of a long run with
 # many ranks (4096 ranks x 100k steps is 3.3 GB a copy).
 BLOCK_VALUES = 1 << 22
-SPELL_STEPS = 50  # the window a late spell is found in, and its shortest length
-# Of a window's steps, a spell's rank is late (by half its offset) in at least this many: 5
-# standard deviations above the half that any rank is, over SPELL_STEPS (0.5 + 5 * 0.5 / sqrt
-# 50). A whole run's locality asks 0.7 of many more steps.
-SPELL_SHARE = 0.85
-SAME_SPELL = 0.8  # ranks whose spells overlap by this much of the longer are late together
 
 
 def lateness(e: np.ndarray) -> np.ndarray:
@@ -61,12 +51,14 @@ def locality_offsets(run: Run, rows: np.ndarray | None = None
     broken clock) does not hide the others' offsets; a rank never known gets 0 and 0 from 0
     steps. (With two ranks known of more, the median rank would be their mean, and an offset
     would count half.)"""
-    e = run.earliness
+    return offsets_of(run.earliness if rows is None else run.earliness[rows])
+
+
+def offsets_of(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, np.ndarray]:
+    """`locality_offsets` of an earliness matrix [steps, N]."""
     n = e.shape[1]
     known = np.isfinite(e)
     ok = known.sum(axis=1) >= min(n, 3)
-    if rows is not None:
-        ok &= rows
     e, known = e[ok], known[ok]
     counted = known.sum(axis=0)
     if e.shape[0] == 0 or n < 2:
@@ -198,123 +190,3 @@ def rank_costs(run: Run, top: int = TOP_RANKS) -> dict[str, Any] | None:
               "last_fraction": float(counts[r]) / clear}
              for r in np.argsort(-cost, kind="stable")[:top] if cost[r] > 0]
     return {"lead_us_per_step": total, "share_of_step": total / mean_step, "ranks": ranks}
-
-
-def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
-                ) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Stretches of the run in which a rank, or a group of ranks together (a slow node), had a
-    steady offset (`locality_offsets` over windows of SPELL_STEPS steps, half a window apart:
-    an offset above `offset_floor`, late by half of it in SPELL_SHARE of the window's steps)
-    that the rest of the run did not have: each rank's stretch, trimmed to the steps it was
-    late by half its offset, at least SPELL_STEPS long, with at least SPELL_STEPS measured
-    steps outside its spells, in which it was late at most half as often. Ranks late in turn
-    for ~100 steps each, or from halfway on, have such spells; a rank late all run long has a
-    steady offset instead, and ranks in `exclude` (those) are not looked at. Ranks whose
-    stretches overlap by SAME_SPELL of the longer make one spell.
-    Returns the spells in order of their first step (ranks, first and last step, length, the
-    fraction of its steps its ranks were late, how far behind the median rank its latest rank
-    was, median over the spell, us, and what it cost a measured step of the spell), and
-    [measured steps] the spell ranks' lead over every other rank (us; 0 outside spells and
-    where another rank was last, at most the spell's offset: a spike on top of it is not the
-    spell's)."""
-    ok = measured(run)
-    idx = np.flatnonzero(ok)
-    n, world = idx.size, run.world_size
-    lead = np.zeros(n)
-    if n < 2 * SPELL_STEPS or world < 2:
-        return [], lead
-    p50 = float(np.median(run.step_time[ok]))
-    starts = np.unique(np.r_[np.arange(0, n - SPELL_STEPS + 1, SPELL_STEPS // 2),
-                             n - SPELL_STEPS])
-    late_in = np.zeros((starts.size, world), dtype=bool)  # [window, rank]
-    rows = np.zeros(run.steps, dtype=bool)
-    for j, a in enumerate(starts):
-        rows[:] = False
-        rows[idx[a:a + SPELL_STEPS]] = True
-        offset, share, noise, counted = locality_offsets(run, rows)
-        late_in[j] = (offset > offset_floor(noise, counted, p50)) & (share >= SPELL_SHARE)
-    late_in[:, list(exclude)] = False
-    candidates = np.flatnonzero(late_in.any(axis=0))
-    if not candidates.size:
-        return [], lead
-    block = max(1, BLOCK_VALUES // world)
-    late = np.concatenate([lateness(run.earliness[idx[lo:lo + block]])[:, candidates]
-                           for lo in range(0, n, block)])  # [measured steps, candidates]
-    found = []  # (rank, start, end, late fraction, offset)
-    for c, r in enumerate(candidates):
-        col = late[:, c]
-        own = []
-        for a, b in _runs(late_in[:, r]):
-            a, b = int(starts[a]), int(starts[b - 1]) + SPELL_STEPS
-            off = float(np.nanmedian(col[a:b]))
-            hit = col >= 0.5 * off
-            while a < b and not hit[a]:
-                a += 1
-            while b > a and not hit[b - 1]:
-                b -= 1
-            while a > 0 and hit[a - 1]:
-                a -= 1
-            while b < n and hit[b]:
-                b += 1
-            if own and a <= own[-1][1]:
-                own[-1] = (own[-1][0], max(own[-1][1], b), own[-1][2])
-            else:
-                own.append((a, b, off))
-        own = [sp for sp in own if sp[1] - sp[0] >= SPELL_STEPS]
-        covered = np.zeros(n, dtype=bool)
-        for a, b, _ in own:
-            covered[a:b] = True
-        if not own or n - covered.sum() < SPELL_STEPS:
-            continue
-        off = float(np.median([sp[2] for sp in own]))
-        hit = col >= 0.5 * off
-        if hit[~covered].mean() > 0.5 * hit[covered].mean():
-            continue
-        found += [(int(r), a, b, float(hit[a:b].mean()), o) for a, b, o in own]
-    spells = []
-    for group in _together(found):
-        ranks_ = sorted({f[0] for f in group})
-        a, b = min(f[1] for f in group), max(f[2] for f in group)
-        off = max(f[4] for f in group)
-        steps = idx[a:b]
-        ahead = np.concatenate([_group_lead(run.earliness[steps[lo:lo + block]], ranks_)
-                                for lo in range(0, steps.size, block)])
-        lead[a:b] = np.maximum(lead[a:b], np.clip(np.nan_to_num(ahead), 0.0, max(off, 0.0)))
-        spells.append({"ranks": ranks_, "first_step": int(run.step[steps[0]]),
-                       "last_step": int(run.step[steps[-1]]), "steps": b - a,
-                       "late_fraction": float(np.mean([f[3] for f in group])),
-                       "behind_us": off, "cost_us_per_step": float(lead[a:b].mean())})
-    spells.sort(key=lambda sp: sp["first_step"])
-    return spells, lead
-
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """The [start, end) runs of True in `mask`."""
-    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
-
-
-def _together(found: list[tuple]) -> list[list[tuple]]:
-    """Groups the (rank, start, end, ...) stretches that overlap by SAME_SPELL of the longer
-    of the two: a slow node's ranks turn late together."""
-    groups: list[list[tuple]] = []
-    for f in sorted(found, key=lambda f: (f[1], f[0])):
-        for g in groups:
-            a, b = g[0][1], g[0][2]
-            if min(b, f[2]) - max(a, f[1]) >= SAME_SPELL * max(b - a, f[2] - f[1]):
-                g.append(f)
-                break
-        else:
-            groups.append([f])
-    return groups
-
-
-def _group_lead(e: np.ndarray, ranks_: list[int]) -> np.ndarray:
-    """Per step of the earliness [steps, N]: how much later the latest of `ranks_` arrived
-    than every other rank (negative when another was later; NaN where either is unknown)."""
-    x = np.where(np.isfinite(e), e, np.inf)
-    own = x[:, ranks_].min(axis=1)
-    x[:, ranks_] = np.inf
-    with np.errstate(invalid="ignore"):
-        out = x.min(axis=1) - own
-    return np.where(np.isfinite(out), out, np.nan)

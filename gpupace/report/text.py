@@ -20,14 +20,19 @@ def headline(d: Diagnosis) -> str:
     lr = s.get("late_rank")
     group = _late_group(d)
     spells = _late_spells(d)
+    others = "the other rank" if s.get("world_size") == 2 else "the others"
+    # A rank last in most steps that is no spell's: a steady one, named first (the spells
+    # after it); the rank of a spell from halfway on is last in most clear steps too.
+    steady = lr is not None and lr["persistent"] and (
+        spells is None or lr["rank"] not in spells["ranks"])
     if group is not None:
         behind = group["behind_others_us"] / 1e3
-        others = "the other rank" if s.get("world_size") == 2 else "the others"
         who = (f"{_ranks(group['ranks'])} steadily late, typically "
                f"{behind:.{1 if behind >= 1 else 2}f} ms behind {others} (late in "
                f"{100 * group['late_fraction']:.0f}% of steps)")
-    elif spells is not None:
-        who = _spells_words(spells, _reference(s))
+    elif spells is not None and not steady:
+        who = _spells_words(spells, others)
+        spells = None  # told
     elif lr is None:
         who = "no step with a clear last rank"
     else:
@@ -45,6 +50,8 @@ def headline(d: Diagnosis) -> str:
             chance = 100 / max(int(s.get("world_size") or 1), 1)
             who = (f"no persistently late rank (most often rank {lr['rank']}: last in "
                    f"{pct:.0f}% {of}, {chance:.0f}% by chance)")
+    if spells is not None:
+        who += f"; also {_spells_words(spells, others)}"
     # The largest share among the "likely" modes, else among the "possible" ones: a mode
     # with a larger share and weak evidence does not outrank one with strong evidence.
     named = [m for m in d.modes if m.share > 0]
@@ -110,19 +117,19 @@ def _late_spells(d: Diagnosis) -> dict | None:
     return spells if spells and amp is not None and amp.share > 0 else None
 
 
-def _spells_words(spells: dict, reference: str) -> str:
-    """'rank 5 late in steps 200-399 only (200 of 400 steps), typically 3.0 ms behind ...' for
-    one spell, 'ranks ... late in spells, one at a time (4 spells: steps 0-99 rank 3, ...)'
-    for several."""
+def _spells_words(spells: dict, others: str) -> str:
+    """'rank 5 late in steps 200-399 only (a late spell, ...), typically 3.0 ms behind the
+    others' for one spell; 'ranks ... late in spells, one at a time (4 spells, ...)' for
+    several, 'in spells, some at once' where they overlap."""
     sp = spells["spells"]
     behind = spells["behind_us"] / 1e3
-    by = f"typically {behind:.{1 if behind >= 1 else 2}f} ms behind {reference}"
+    by = f"typically {behind:.{1 if behind >= 1 else 2}f} ms behind {others}"
     if len(sp) == 1:
         return (f"{_ranks(sp[0]['ranks'])} late in steps {sp[0]['first_step']}-"
                 f"{sp[0]['last_step']} only (a late spell, late in "
                 f"{100 * sp[0]['late_fraction']:.0f}% of its steps), {by}")
-    return (f"{_ranks(spells['ranks'])} late in spells, one at a time ({_spell_steps(spells)}), "
-            f"{by}")
+    when = "some at once" if spells.get("overlapping") else "one at a time"
+    return f"{_ranks(spells['ranks'])} late in spells, {when} ({_spell_steps(spells)}), {by}"
 
 
 def _their(spells: dict) -> str:
@@ -130,12 +137,15 @@ def _their(spells: dict) -> str:
 
 
 def _spell_steps(spells: dict) -> str:
+    """The count, the share of steps, and the four spells that cost most, in time order."""
     sp = spells["spells"]
+    top = sorted(sorted(sp, key=lambda x: -x["cost_us_per_step"] * x["steps"])[:4],
+                 key=lambda x: x["first_step"])
     shown = ", ".join(f"steps {x['first_step']}-{x['last_step']} {_ranks(x['ranks'])}"
-                      for x in sp[:4])
+                      for x in top)
+    more = f", {len(sp) - 4} more" if len(sp) > 4 else ""
     return (f"{len(sp)} spell{'s' if len(sp) > 1 else ''}, "
-            f"{100 * spells['steps_fraction']:.0f}% of the steps: {shown}"
-            f"{', ...' if len(sp) > 4 else ''}")
+            f"{100 * spells['steps_fraction']:.0f}% of the steps: {shown}{more}")
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 # Most paced sites the simulator models; matches PaceConfig.max_sites' default.
 MAX_BUCKETS = 64
 MAX_RANKS = 65_536
+MAX_SPIKE_CLIP = 1e6  # the longest stall, in units of the Pareto scale
 # One warp on one of H100 SXM's 132 SMs (vendor figure): the spin's share of the GPU; an
 # assumption until the device check measures the slowdown it causes.
 SPIN_COUPLING = 1.0 / 132.0
@@ -194,7 +195,7 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "spike_prob": (0.0, 1.0, "float"),
     "spike_us": (0.0, 1e8, "pos"),
     "spike_alpha": (1.0, 10.0, "pos"),
-    "spike_clip": (1.0, 1e6, "float"),
+    "spike_clip": (1.0, MAX_SPIKE_CLIP, "float"),
     "regime_on_prob": (0.0, 1.0, "float"),
     "regime_off_prob": (0.0, 1.0, "pos"),
     "regime_comm_factor": (1.0, 100.0, "float"),

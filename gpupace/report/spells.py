@@ -1,0 +1,194 @@
+"""Late spells: stretches of a run in which a rank, or a group of ranks together (a slow
+node), had a steady offset that the rest of the run did not have. Ranks late in turn for ~100
+steps each, or one late from halfway on: neither a whole run's steady offset (locality) nor
+random lateness describes them, and every step of a spell pays its lead, so the 5th-percentile
+step holds it too when spells cover most of the run.
+
+Method, over the measured steps (`ranks.measured`):
+- windows of SPELL_STEPS steps, half a window apart: in each, the locality test of the whole
+  run (`ranks.offsets_of`: an offset above `ranks.offset_floor`), late by half of it in
+  SPELL_SHARE of the window's steps;
+- each rank's run of such windows, trimmed to the steps it was late by half its offset; kept
+  when at least SPELL_STEPS long, with at least SPELL_STEPS steps outside the rank's spells,
+  in which it was late at most half as often; ranks whose stretches overlap by SAME_SPELL of
+  the longer make one spell;
+- per step, the ranks of the spells active then lead every other rank by what the latest of
+  them arrived after all the rest (at most that spell's offset: a spike on top is not the
+  spell's); the spell of that latest rank is charged the lead. Two spells at once share a
+  step: neither leads the other's rank, and the step's lead is counted once.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from .load import Run
+from .ranks import BLOCK_VALUES, lateness, measured, offset_floor, offsets_of
+
+SPELL_STEPS = 50  # the window a late spell is found in, and its shortest length
+# Of a window's steps, a spell's rank is late (by half its offset) in at least this many: 5
+# standard deviations above the half that any rank is, over SPELL_STEPS (0.5 + 5 * 0.5 / sqrt
+# 50). A whole run's locality asks 0.7 of many more steps.
+SPELL_SHARE = 0.85
+SAME_SPELL = 0.8  # ranks whose spells overlap by this much of the longer are late together
+
+
+def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
+                ) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """The late spells of `run` (see the module doc), leaving out the ranks in `exclude` (a
+    whole run's locality ranks), in order of their first step: ranks, first and last step,
+    length, the fraction of its steps its ranks were late, how far its latest rank was behind
+    the median of the ranks in no spell then (median over the spell's steps, us) and what it
+    cost a step of the spell; and [measured steps] the spells' lead over every other rank (us; 0 outside them)."""
+    ok = measured(run)
+    idx = np.flatnonzero(ok)
+    n, world = idx.size, run.world_size
+    lead = np.zeros(n)
+    if n < 2 * SPELL_STEPS or world < 2:
+        return [], lead
+    p50 = float(np.median(run.step_time[ok]))
+    starts = np.unique(np.r_[np.arange(0, n - SPELL_STEPS + 1, SPELL_STEPS // 2),
+                             n - SPELL_STEPS])
+    late_in = np.zeros((starts.size, world), dtype=bool)  # [window, rank]
+    for j, a in enumerate(starts):
+        offset, share, noise, counted = offsets_of(run.earliness[idx[a:a + SPELL_STEPS]])
+        late_in[j] = (offset > offset_floor(noise, counted, p50)) & (share >= SPELL_SHARE)
+    late_in[:, list(exclude)] = False
+    candidates = np.flatnonzero(late_in.any(axis=0))
+    if not candidates.size:
+        return [], lead
+    block = max(1, BLOCK_VALUES // world)
+    # Behind the median rank, to trim each stretch to its late steps (with half the ranks
+    # late the median sits halfway, which still tells late from on time; how far behind the
+    # others a spell's ranks were is measured by `_charge`, against the ranks in no spell).
+    behind = np.concatenate([lateness(run.earliness[idx[lo:lo + block]])[:, candidates]
+                             for lo in range(0, n, block)])  # [measured steps, candidates]
+    found = []  # (rank, start, end, late fraction)
+    for c, r in enumerate(candidates):
+        found += _stretches_of(behind[:, c], [(int(starts[a]), int(starts[b - 1]) + SPELL_STEPS)
+                                              for a, b in _runs(late_in[:, r])], int(r))
+    groups = [sorted(g, key=lambda f: f[0]) for g in _together(found)]
+    if not groups:
+        return [], lead
+    spells = [{"ranks": sorted({f[0] for f in g}), "start": min(f[1] for f in g),
+               "end": max(f[2] for f in g), "late_fraction": float(np.mean([f[3] for f in g]))}
+              for g in groups]
+    _charge(run, idx, spells, lead, block)
+    out = []
+    for sp in sorted(spells, key=lambda sp: sp["start"]):
+        a, b = sp["start"], sp["end"]
+        out.append({"ranks": sp["ranks"], "first_step": int(run.step[idx[a]]),
+                    "last_step": int(run.step[idx[b - 1]]), "steps": b - a,
+                    "late_fraction": sp["late_fraction"], "behind_us": sp["behind_us"],
+                    "cost_us_per_step": sp["cost"] / (b - a)})
+    return out, lead
+
+
+def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
+                  rank: int) -> list[tuple[int, int, int, float]]:
+    """One rank's spells from its runs of late windows [start, end): each trimmed to the
+    steps it was late by half its offset there and extended while it stays so, runs that then
+    touch merged; none unless the rest of the run holds SPELL_STEPS steps and the rank was
+    late there at most half as often as in its spells."""
+    n = col.size
+    own: list[list] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for a, b in windows:
+            off = float(np.nanmedian(col[a:b]))
+            hit = col >= 0.5 * off
+            while a < b and not hit[a]:
+                a += 1
+            while b > a and not hit[b - 1]:
+                b -= 1
+            while a > 0 and hit[a - 1]:
+                a -= 1
+            while b < n and hit[b]:
+                b += 1
+            if own and a <= own[-1][1]:
+                own[-1][1] = max(own[-1][1], b)
+            else:
+                own.append([a, b, off])
+        own = [sp for sp in own if sp[1] - sp[0] >= SPELL_STEPS]
+        covered = np.zeros(n, dtype=bool)
+        for a, b, _ in own:
+            covered[a:b] = True
+        if not own or n - covered.sum() < SPELL_STEPS:
+            return []
+        hit = col >= 0.5 * float(np.median([sp[2] for sp in own]))
+    if hit[~covered].mean() > 0.5 * hit[covered].mean():
+        return []
+    return [(rank, a, b, float(hit[a:b].mean())) for a, b, _ in own]
+
+
+def _charge(run: Run, idx: np.ndarray, spells: list[dict], lead: np.ndarray,
+            block: int) -> None:
+    """Fills `lead` and each spell's `behind_us` and `cost`: per step, the latest rank of the
+    spells active then against every rank in none of them (`module doc`)."""
+    n = idx.size
+    ranks = sorted({r for sp in spells for r in sp["ranks"]})
+    col = {r: c for c, r in enumerate(ranks)}
+    spell_of = np.full((n, len(ranks)), -1)  # [step, spell rank]: its spell active then
+    for i, sp in enumerate(spells):
+        for r in sp["ranks"]:
+            spell_of[sp["start"]:sp["end"], col[r]] = i
+        sp["cost"], sp["behind"] = 0.0, []
+    steps = np.flatnonzero((spell_of >= 0).any(axis=1))
+    cols = np.array(ranks)
+    for lo in range(0, steps.size, block):
+        at = steps[lo:lo + block]
+        x = run.earliness[idx[at]]
+        x = np.where(np.isfinite(x), x, np.nan)
+        active = spell_of[at] >= 0
+        mine = np.where(active, x[:, cols], np.nan)
+        rest = x.copy()
+        rest[:, cols] = np.where(active, np.nan, x[:, cols])
+        with warnings.catch_warnings():  # all-NaN rows: no lead known, 0 below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            latest = np.nanmin(np.where(np.isnan(mine), np.inf, mine), axis=1)
+            who = np.argmin(np.where(np.isnan(mine), np.inf, mine), axis=1)
+            ahead = np.nanmin(rest, axis=1) - latest
+        which = spell_of[at, who]
+        for i, sp in enumerate(spells):
+            on = which == i
+            # how far behind: its own latest rank on each of its steps, charged or not (a
+            # spell inside another's, never the latest of the two, is late all the same)
+            mine_i = (spell_of[at][:, [col[r] for r in sp["ranks"]]] == i).any(axis=1)
+            own = x[np.ix_(mine_i, sp["ranks"])]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                sp["behind"].append(np.nanmedian(rest[mine_i], axis=1) - np.nanmin(own, axis=1))
+            sp["ahead"] = np.concatenate([sp.get("ahead", np.empty(0)), ahead[on]])
+            sp["at"] = np.concatenate([sp.get("at", np.empty(0, dtype=np.int64)), at[on]])
+    for sp in spells:
+        b = np.concatenate(sp.pop("behind"))
+        b = b[np.isfinite(b)]
+        sp["behind_us"] = max(float(np.median(b)), 0.0) if b.size else 0.0
+        got = np.clip(np.nan_to_num(sp.pop("ahead"), nan=0.0), 0.0, sp["behind_us"])
+        at = sp.pop("at")
+        lead[at] = got
+        sp["cost"] = float(got.sum())
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The [start, end) runs of True in `mask`."""
+    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
+
+
+def _together(found: list[tuple]) -> list[list[tuple]]:
+    """Groups the (rank, start, end, ...) stretches that overlap by SAME_SPELL of the longer
+    of the two: a slow node's ranks turn late together."""
+    groups: list[list[tuple]] = []
+    for f in sorted(found, key=lambda f: (f[1], f[0])):
+        for g in groups:
+            a, b = g[0][1], g[0][2]
+            if min(b, f[2]) - max(a, f[1]) >= SAME_SPELL * max(b - a, f[2] - f[1]):
+                g.append(f)
+                break
+        else:
+            groups.append([f])
+    return groups
