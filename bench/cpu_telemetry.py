@@ -2,9 +2,18 @@
 (`make_record`), keeping it in the in-memory ring, and writing it to a JSON-lines file
 (`TelemetryWriter.write`, which flushes and fsyncs every `telemetry_interval` records, so
 its p99 shows the flush). A record holds per-rank lists, so the cost grows with the world.
-A Pacer writes in the background (`background=True`): its rows time what the training
-thread still pays (queueing, and the thread's share of this 2-core VM and of the GIL), and
-`background drain` the thread's own time per record, measured as its closing drain.
+A Pacer writes in the background (`background=True`). Its rows:
+  per step, training thread's call (background)  `make_record`, the ring and the queueing
+      alone: the encoding runs on the writer's thread, outside this figure;
+  background thread, per record                the thread's own time per record (closing
+      drains of 10 queued records, each one sample);
+  added to a 20 ms step of Python work (background)  what a step of 20 ms of pure-Python
+      work (it holds the GIL, as a training loop's Python does) takes longer with the
+      background telemetry than without, over blocks of 10 steps that end once the writer
+      has written them all: the GIL its thread takes, and what it has not done by then.
+Every part runs after `cool()` (bench/cpu_policy), as after the rest of a training step:
+interleaved alone, each found the caches the part before it left (make_record read 11-36 us
+where it took 6-14 us on its own).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .cpu_policy import cool
 from .harness import Harness, interleave
 
 WORLDS = [2, 64, 1024, 4096]
@@ -67,10 +77,50 @@ def _parts(n: int, path: Path, rng: np.random.Generator) -> tuple[dict, dict, li
     # Timed in a loop of their own: the thread they feed holds the GIL while it encodes, which
     # would otherwise slow the parts above (make_record at 4096 ranks: ~140 -> ~1200 us).
     background = {
-        "writer.write (background)": lambda: queued.write(rec),
-        "per step total (background)": lambda: whole(queued),
+        "writer.write (background): queueing alone": lambda: queued.write(rec),
+        "per step, training thread's call (background)": lambda: whole(queued),
     }
     return parts, background, [writer, queued], len(rec.to_json()) + 1
+
+
+def _busy(iterations: int) -> int:
+    """Pure-Python work that holds the GIL, as a training loop's Python does."""
+    total = 0
+    for i in range(iterations):
+        total += i & 7
+    return total
+
+
+def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
+                 work_ms: float = 20.0) -> np.ndarray:
+    """What a step of `work_ms` of GIL-holding Python work takes longer with the background
+    telemetry than without (us a step): blocks of `steps` steps without it and with it, in
+    turn, each block with it ending once its writer has written every record (a fresh
+    writer, closed: the encoding that spills past a step, or past the block, is counted).
+    Pairs of single steps cannot tell it: a record's encoding lands in the steps after it."""
+    from gpupace.telemetry import Ring, TelemetryWriter, make_header
+
+    t0 = time.perf_counter()
+    _busy(200_000)
+    iterations = max(1, int(200_000 * work_ms / ((time.perf_counter() - t0) * 1e3)))
+    ring = Ring(64)
+
+    def plain() -> None:
+        for _ in range(steps):
+            _busy(iterations)
+
+    def with_telemetry() -> None:
+        queued = TelemetryWriter(path, make_header(source="bench", world_size=n),
+                                 background=True)
+        for _ in range(steps):
+            _busy(iterations)
+            ring.append(rec)
+            queued.write(rec)
+        queued.close()
+
+    s = interleave({"work": plain, "work + telemetry": with_telemetry}, warmup=1,
+                   repeats=blocks)
+    return (s["work + telemetry"] - s["work"]) / steps
 
 
 def _thread_time_us(rec, n: int, path: Path, records: int = 10) -> float:
@@ -99,18 +149,23 @@ def bench_telemetry(h: Harness) -> None:
         for n in worlds:
             parts, background, (writer, queued), nbytes = _parts(n, Path(tmp) / f"t{n}.jsonl",
                                                                   rng)
+            reps = repeats_for(n, h.quick)
             try:
-                s = interleave(parts, warmup=5, repeats=repeats_for(n, h.quick))
-                s.update(interleave(background, warmup=5, repeats=repeats_for(n, h.quick)))
+                s = interleave(parts, warmup=5, repeats=reps, prepare={k: cool for k in parts})
+                s.update(interleave(background, warmup=5, repeats=reps,
+                                    prepare={k: cool for k in background}))
             finally:
                 writer.close()
                 queued.close()
+            s["added to a 20 ms step of Python work (background)"] = _beside_work(
+                parts["make_record"](), n, Path(tmp) / f"w{n}.jsonl", 3 if h.quick else 10)
             for k, v in s.items():
                 row = h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
                 med.setdefault(k, {})[n] = (row["p20"], row["p50"], row["p80"])
             h.record("telemetry", {"world": n, "sites": N_SITES,
                                    "part": "background thread, per record"},
-                     [_thread_time_us(parts["make_record"](), n, Path(tmp) / f"d{n}.jsonl")])
+                     [_thread_time_us(parts["make_record"](), n, Path(tmp) / f"d{n}_{i}.jsonl")
+                      for i in range(3 if h.quick else 7)])
             sizes[str(n)] = nbytes
         to_json_parts(h, max(worlds))
     h.plot("telemetry_per_step", lambda fig: _draw(fig, worlds, med))
@@ -133,14 +188,15 @@ def _draw(fig, worlds: list[int], med: dict[str, dict[int, tuple[float, float, f
 
 
 def to_json_parts(h: Harness, n: int) -> None:
-    """Where `StepRecord.to_json` spends its time at `n` ranks: the dataclass copy, the
-    NaN-to-null pass and the JSON encoding (the steps it takes, re-timed one by one)."""
+    """Where `StepRecord.to_json` spends its time at `n` ranks, the steps it takes re-timed
+    one by one: the arrays as rounded lists, the JSON encoding of them, the whole call, and
+    the background writer's chunked call (`to_json(chunk=...)`, which lets the training
+    thread run between chunks)."""
     import dataclasses
     import json
 
     from gpupace import telemetry
 
-    finite = getattr(telemetry, "_finite", None)  # private helper; skip the row if it moved
     rng = np.random.default_rng(2)
     rec = telemetry.StepRecord(
         step=1,
@@ -151,20 +207,25 @@ def to_json_parts(h: Harness, n: int) -> None:
         transfer_us=300.0,
         straggler=3,
         active=True,
-        earliness_us=rng.uniform(0, 900, n).tolist(),
-        wait_us=rng.uniform(300, 1200, n).tolist(),
-        delay_us=rng.uniform(0, 500, n).tolist(),
-        step_times_us=rng.normal(2e4, 500, n).tolist(),
-        site_spread_us=rng.uniform(0, 900, N_SITES).tolist(),
+        earliness_us=rng.uniform(0, 900, n),
+        wait_us=rng.uniform(300, 1200, n),
+        delay_us=rng.uniform(0, 500, n),
+        step_times_us=rng.normal(2e4, 500, n),
+        site_spread_us=rng.uniform(0, 900, N_SITES),
     )
-    as_dict = dataclasses.asdict(rec)
+    fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)}
+
+    def as_lists() -> dict:
+        return {k: telemetry._as_list(v) for k, v in fields.items()}
+
+    lists = as_lists()
     parts = {
-        "dataclasses.asdict": lambda: dataclasses.asdict(rec),
-        "json.dumps": lambda: json.dumps(as_dict, separators=(",", ":")),
+        "arrays to rounded lists": as_lists,
+        "json.dumps": lambda: json.dumps(lists, separators=(",", ":")),
         "to_json (all)": rec.to_json,
+        f"to_json(chunk={telemetry.GIL_CHUNK}) (background writer)":
+            lambda: rec.to_json(chunk=telemetry.GIL_CHUNK),
     }
-    if finite is not None:
-        parts["NaN-to-null pass (_finite)"] = lambda: finite(as_dict)
     s = interleave(parts, warmup=3, repeats=20 if h.quick else 60)
     for k, v in s.items():
         h.record("telemetry_to_json_parts", {"world": n, "part": k}, v)

@@ -5,8 +5,9 @@ A benchmark is a small setup function `fn(h: Harness) -> None` that builds its i
 them with `time_calls` / `interleave` (or inside ranks, then passes the samples to
 `h.record`), and may state a target with `h.check` and draw with `h.plot`. Every result row
 carries the machine (CPU, cores, GPU), library versions, date and the run's note, so a row
-copied out of its file still says where it came from. Single runs are never reported: every
-row is the quantiles p20/p50/p80/p99 of many samples.
+copied out of its file still says where it came from. Every row is the quantiles
+p20/p50/p80/p99 of its samples and says how many (n): many, but for the few figures that are
+one by nature (a peak RSS over several runs), whose rows say n=1.
 """
 
 from __future__ import annotations

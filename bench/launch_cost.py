@@ -104,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("launch cost: SKIP: no CUDA device. Nothing measured, nothing written.")
         return 0
-    res = measure(args.launches)
+    from dataclasses import asdict
+
+    from bench.harness import Machine
+
+    # Where the figures came from, as every harness row says it (the GPU, versions, date).
+    res = {"machine": asdict(Machine.probe("")), **measure(args.launches)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(res, indent=1))
