@@ -42,7 +42,8 @@ def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
     whole run's locality ranks), in order of their first step: ranks, first and last step,
     length, the fraction of its steps its ranks were late, how far its latest rank was behind
     the median of the ranks in no spell then (median over the spell's steps, us) and what it
-    cost a step of the spell; and [measured steps] the spells' lead over every other rank (us; 0 outside them)."""
+    cost a step of the spell; and [measured steps] the spells' lead over every other rank
+    (us; 0 outside them)."""
     ok = measured(run)
     idx = np.flatnonzero(ok)
     n, world = idx.size, run.world_size
@@ -70,7 +71,7 @@ def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
     for c, r in enumerate(candidates):
         found += _stretches_of(behind[:, c], [(int(starts[a]), int(starts[b - 1]) + SPELL_STEPS)
                                               for a, b in _runs(late_in[:, r])], int(r))
-    groups = [sorted(g, key=lambda f: f[0]) for g in _together(found)]
+    groups = _together(found)
     if not groups:
         return [], lead
     spells = [{"ranks": sorted({f[0] for f in g}), "start": min(f[1] for f in g),
@@ -127,7 +128,7 @@ def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
 def _charge(run: Run, idx: np.ndarray, spells: list[dict], lead: np.ndarray,
             block: int) -> None:
     """Fills `lead` and each spell's `behind_us` and `cost`: per step, the latest rank of the
-    spells active then against every rank in none of them (`module doc`)."""
+    spells active then against every rank in none of them (see the module doc)."""
     n = idx.size
     ranks = sorted({r for sp in spells for r in sp["ranks"]})
     col = {r: c for c, r in enumerate(ranks)}
