@@ -97,7 +97,9 @@ def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
     telemetry than without (us a step): blocks of `steps` steps without it and with it, in
     turn, each block with it ending once its writer has written every record (a fresh
     writer, closed: the encoding that spills past a step, or past the block, is counted).
-    Pairs of single steps cannot tell it: a record's encoding lands in the steps after it."""
+    Pairs of single steps cannot tell it: a record's encoding lands in the steps after it.
+    The baseline blocks open and close an empty writer too (a header, a thread, two fsyncs:
+    1-4 ms a block, which a Pacer pays once a run, not once every 10 steps)."""
     from gpupace.telemetry import Ring, TelemetryWriter, make_header
 
     t0 = time.perf_counter()
@@ -106,8 +108,11 @@ def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
     ring = Ring(64)
 
     def plain() -> None:
+        empty = TelemetryWriter(path.with_suffix(".empty.jsonl"),
+                                make_header(source="bench", world_size=n), background=True)
         for _ in range(steps):
             _busy(iterations)
+        empty.close()
 
     def with_telemetry() -> None:
         queued = TelemetryWriter(path, make_header(source="bench", world_size=n),

@@ -164,3 +164,17 @@ def test_a_steady_late_rank_is_named_before_another_ranks_spell():
     line = headline(diagnose(run))
     assert line.startswith("r: rank 1 last in 67% of steps, typically 3.0 ms behind the median "
                            "rank; also rank 5 late in steps 200-399 only"), line
+
+
+def test_steps_a_spell_rank_is_unknown_in_count_neither_late_nor_on_time():
+    """Rank 5 3 ms late in steps 200-399, its row invalid (NaN) in 30% of them: the spell was
+    'late in 72% of its steps' and charged 0.7 of its cost; the unknown steps now count in
+    neither."""
+    run, _ = _arrivals(16, 600, [((5,), 200, 400, 3000.0)])
+    rng = np.random.default_rng(1)
+    gone = 200 + rng.choice(200, 60, replace=False)
+    run.earliness[gone, 5] = np.nan
+    (sp,), _ = late_spells(run)
+    assert sp["ranks"] == [5] and (sp["first_step"], sp["last_step"]) == (200, 399)
+    assert sp["late_fraction"] == 1.0
+    assert sp["cost_us_per_step"] == pytest.approx(2920.0, rel=0.05)

@@ -358,8 +358,9 @@ def _diagnose(run: Run) -> Diagnosis:
             "steps_fraction": float(np.logical_or.reduce(spans).mean()),
             "overlapping": bool((np.sum(spans, axis=0) > 1).any()),
             "behind_us": typical,
-            "cost_us_per_step": float(spell_lead.mean()),
-            "share_of_step": float(spell_lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
+            # each spell's cost over the steps its ranks were known in, for all its steps
+            "cost_us_per_step": float(weight.sum() / n),
+            "share_of_step": float(weight.sum() / st.sum()) if st.sum() > 0 else 0.0}
     lost_step = np.maximum(st - ideal, 0.0)
     loc_part = np.minimum(lost_step, lead)
     # Only a step's last rank leads every other, so a step pays a locality lead or a spell's.

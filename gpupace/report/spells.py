@@ -16,6 +16,11 @@ Method, over the measured steps (`ranks.measured`):
   them arrived after all the rest (at most that spell's offset: a spike on top is not the
   spell's); the spell of that latest rank is charged the lead. Two spells at once share a
   step: neither leads the other's rank, and the step's lead is counted once.
+Limits: lateness is read behind the median rank to find and trim a spell, so where the ranks
+late at once are half of all or more (two spells of a small job overlapping), the overlap
+reads as on time: the spells' extents and costs shrink to the steps outside it (the lost time
+stays right, the overlap's share going to the other modes). A step where every rank of its
+spells is unknown (NaN) is charged nothing; a spell's cost is per step its ranks were known.
 """
 
 from __future__ import annotations
@@ -84,30 +89,33 @@ def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
         out.append({"ranks": sp["ranks"], "first_step": int(run.step[idx[a]]),
                     "last_step": int(run.step[idx[b - 1]]), "steps": b - a,
                     "late_fraction": sp["late_fraction"], "behind_us": sp["behind_us"],
-                    "cost_us_per_step": sp["cost"] / (b - a)})
+                    "cost_us_per_step": sp["cost"] / max(sp["known"], 1)})
     return out, lead
 
 
 def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
                   rank: int) -> list[tuple[int, int, int, float]]:
     """One rank's spells from its runs of late windows [start, end): each trimmed to the
-    steps it was late by half its offset there and extended while it stays so, runs that then
-    touch merged; none unless the rest of the run holds SPELL_STEPS steps and the rank was
-    late there at most half as often as in its spells."""
+    steps it was late by half its offset there and extended while it stays so (or unknown),
+    runs that then touch merged; none unless the rest of the run holds SPELL_STEPS steps and
+    the rank was late there at most half as often as in its spells. The fraction of a spell's
+    steps the rank was late counts the steps it was known in, by the spell's own offset."""
     n = col.size
+    known = np.isfinite(col)
     own: list[list] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for a, b in windows:
             off = float(np.nanmedian(col[a:b]))
-            hit = col >= 0.5 * off
-            while a < b and not hit[a]:
+            late = col >= 0.5 * off
+            go_on = late | ~known
+            while a < b and not late[a]:
                 a += 1
-            while b > a and not hit[b - 1]:
+            while b > a and not late[b - 1]:
                 b -= 1
-            while a > 0 and hit[a - 1]:
+            while a > 0 and go_on[a - 1]:
                 a -= 1
-            while b < n and hit[b]:
+            while b < n and go_on[b]:
                 b += 1
             if own and a <= own[-1][1]:
                 own[-1][1] = max(own[-1][1], b)
@@ -119,59 +127,86 @@ def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
             covered[a:b] = True
         if not own or n - covered.sum() < SPELL_STEPS:
             return []
-        hit = col >= 0.5 * float(np.median([sp[2] for sp in own]))
-    if hit[~covered].mean() > 0.5 * hit[covered].mean():
+        late = col >= 0.5 * float(np.median([sp[2] for sp in own]))
+    if _share(late, known, ~covered) > 0.5 * _share(late, known, covered):
         return []
-    return [(rank, a, b, float(hit[a:b].mean())) for a, b, _ in own]
+    span = np.zeros(n, dtype=bool)
+    out = []
+    for a, b, off in own:
+        span[:] = False
+        span[a:b] = True
+        out.append((rank, a, b, _share(col >= 0.5 * off, known, span)))
+    return out
+
+
+def _share(late: np.ndarray, known: np.ndarray, where: np.ndarray) -> float:
+    """The fraction of the known steps of `where` in which the rank was late (0 with none)."""
+    k = int((known & where).sum())
+    return float((late & known & where).sum() / k) if k else 0.0
 
 
 def _charge(run: Run, idx: np.ndarray, spells: list[dict], lead: np.ndarray,
             block: int) -> None:
-    """Fills `lead` and each spell's `behind_us` and `cost`: per step, the latest rank of the
-    spells active then against every rank in none of them (see the module doc)."""
-    n = idx.size
+    """Fills `lead` and each spell's `behind_us` and `cost` (its charged lead, summed over the
+    steps its ranks were known in, and their count `known`): per step, the latest rank of the
+    spells active then against every rank in none of them (see the module doc). A step whose
+    spell ranks are all unknown is charged nothing and not counted."""
+    n, count = idx.size, len(spells)
     ranks = sorted({r for sp in spells for r in sp["ranks"]})
     col = {r: c for c, r in enumerate(ranks)}
+    cols = np.array(ranks)
     spell_of = np.full((n, len(ranks)), -1)  # [step, spell rank]: its spell active then
     for i, sp in enumerate(spells):
         for r in sp["ranks"]:
             spell_of[sp["start"]:sp["end"], col[r]] = i
-        sp["cost"], sp["behind"] = 0.0, []
     steps = np.flatnonzero((spell_of >= 0).any(axis=1))
-    cols = np.array(ranks)
+    which = np.full(n, -1)  # the spell charged at each step
+    ahead = np.full(n, np.nan)
+    keys, gaps = [], []  # (step * count + spell, how far its latest rank was behind the rest)
     for lo in range(0, steps.size, block):
         at = steps[lo:lo + block]
         x = run.earliness[idx[at]]
-        x = np.where(np.isfinite(x), x, np.nan)
-        active = spell_of[at] >= 0
-        mine = np.where(active, x[:, cols], np.nan)
+        x = np.where(np.isfinite(x), x, np.inf)  # unknown: never the latest
+        of = spell_of[at]
+        active = of >= 0
+        mine = np.where(active, x[:, cols], np.inf)
         rest = x.copy()
-        rest[:, cols] = np.where(active, np.nan, x[:, cols])
-        with warnings.catch_warnings():  # all-NaN rows: no lead known, 0 below
+        rest[:, cols] = np.where(active, np.inf, x[:, cols])
+        rest = np.where(np.isinf(rest), np.nan, rest)
+        who = np.argmin(mine, axis=1)
+        latest = mine[np.arange(at.size), who]
+        with warnings.catch_warnings():  # a row with no known rank at rest: NaN, not counted
             warnings.simplefilter("ignore", RuntimeWarning)
-            latest = np.nanmin(np.where(np.isnan(mine), np.inf, mine), axis=1)
-            who = np.argmin(np.where(np.isnan(mine), np.inf, mine), axis=1)
-            ahead = np.nanmin(rest, axis=1) - latest
-        which = spell_of[at, who]
-        for i, sp in enumerate(spells):
-            on = which == i
-            # how far behind: its own latest rank on each of its steps, charged or not (a
-            # spell inside another's, never the latest of the two, is late all the same)
-            mine_i = (spell_of[at][:, [col[r] for r in sp["ranks"]]] == i).any(axis=1)
-            own = x[np.ix_(mine_i, sp["ranks"])]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                sp["behind"].append(np.nanmedian(rest[mine_i], axis=1) - np.nanmin(own, axis=1))
-            sp["ahead"] = np.concatenate([sp.get("ahead", np.empty(0)), ahead[on]])
-            sp["at"] = np.concatenate([sp.get("at", np.empty(0, dtype=np.int64)), at[on]])
-    for sp in spells:
-        b = np.concatenate(sp.pop("behind"))
-        b = b[np.isfinite(b)]
-        sp["behind_us"] = max(float(np.median(b)), 0.0) if b.size else 0.0
-        got = np.clip(np.nan_to_num(sp.pop("ahead"), nan=0.0), 0.0, sp["behind_us"])
-        at = sp.pop("at")
-        lead[at] = got
-        sp["cost"] = float(got.sum())
+            first_rest = np.nanmin(rest, axis=1)
+            median_rest = np.nanmedian(rest, axis=1)
+        seen = np.isfinite(latest)
+        which[at] = np.where(seen, of[np.arange(at.size), who], -1)
+        ahead[at] = np.where(seen, first_rest - latest, np.nan)
+        # Each spell's own latest rank at each of its steps, charged or not (a spell inside
+        # another's, never the latest of the two, is late all the same): grouped by step and
+        # spell with one sort, not a loop over the spells.
+        t, c = np.nonzero(active)
+        key = at[t] * count + of[t, c]
+        val = x[t, cols[c]]
+        order = np.lexsort((val, key))
+        key, val, t = key[order], val[order], t[order]
+        firsts = np.r_[True, key[1:] != key[:-1]]  # the lowest earliness of each group
+        gap = median_rest[t[firsts]] - val[firsts]
+        keys.append(key[firsts])
+        gaps.append(gap)
+    key, gap = np.concatenate(keys), np.concatenate(gaps)
+    spell_id = key % count
+    for i, sp in enumerate(spells):
+        g = gap[(spell_id == i) & np.isfinite(gap)]
+        sp["behind_us"] = max(float(np.median(g)), 0.0) if g.size else 0.0
+    caps = np.array([sp["behind_us"] for sp in spells])
+    charged = (which >= 0) & np.isfinite(ahead)
+    got = np.clip(ahead[charged], 0.0, caps[which[charged]])
+    lead[charged] = got
+    cost = np.bincount(which[charged], weights=got, minlength=count)
+    for i, sp in enumerate(spells):
+        known = (spell_id == i) & np.isfinite(gap)
+        sp["cost"], sp["known"] = float(cost[i]), int(known.sum())
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
