@@ -44,12 +44,16 @@ UNKNOWN_BACKEND_LOCALITY = (
     "whether {their} work is uneven")
 
 
+def rank_names(ranks: list[int]) -> str:
+    """'rank 3', or 'ranks 1, 2, 5' (the first 8, then '...'), in the order given."""
+    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
 def action(mode: str, ranks: list[int], backend: str = "") -> str:
     """The suggested action, worded for the run's collective backend ("nccl", "gloo", "mpi",
     "sim" or "" when the telemetry does not say)."""
-    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
-    named = (f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}") if ranks \
-        else "the late ranks (none named)"
+    named = rank_names(ranks) if ranks else "the late ranks (none named)"
     their = "its" if len(ranks) == 1 else "their"
     if backend == "gloo" and mode in CPU_ACTIONS:
         text = CPU_ACTIONS[mode]

@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from .advice import action
+from .advice import action, rank_names
 from .load import Run
 from .ranks import (
     clear_last,
@@ -449,7 +449,7 @@ def _diagnose(run: Run) -> Diagnosis:
                                        + amp_ranks))[:8]
         amp_ev.update(late_spells=len(spells), spell_steps_fraction=summary["late_spells"][
             "steps_fraction"], spell_cost_us_per_step=summary["late_spells"]["cost_us_per_step"],
-            spell_behind_us={f"{_named(sp['ranks'])} steps {sp['first_step']}-{sp['last_step']}":
+            spell_behind_us={f"{rank_names(sp['ranks'])} steps {sp['first_step']}-{sp['last_step']}":
                              sp["behind_us"] for sp in by_cost[:8]})
 
     loc_sig = float(max(consistency[loc_ranks])) if loc_ranks else 0.0
@@ -548,11 +548,6 @@ def _diagnose(run: Run) -> Diagnosis:
                    attribution_threshold=MIN_CONFIDENCE)
     findings.sort(key=lambda f: (-f.share, -f.candidate_share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
-
-
-def _named(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks[:8])) \
-        + (" ..." if len(ranks) > 8 else "")
 
 
 def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
