@@ -100,7 +100,7 @@ def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
     Pairs of single steps cannot tell it: a record's encoding lands in the steps after it.
     The baseline blocks open and close an empty writer too (a header, a thread, two fsyncs:
     1-4 ms a block, which a Pacer pays once a run, not once every 10 steps)."""
-    from gpupace.telemetry import Ring, TelemetryWriter, make_header
+    from gpupace.telemetry import Ring
 
     t0 = time.perf_counter()
     _busy(200_000)
@@ -108,15 +108,13 @@ def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
     ring = Ring(64)
 
     def plain() -> None:
-        empty = TelemetryWriter(path.with_suffix(".empty.jsonl"),
-                                make_header(source="bench", world_size=n), background=True)
+        empty = _background_writer(path.with_suffix(".empty.jsonl"), n)
         for _ in range(steps):
             _busy(iterations)
         empty.close()
 
     def with_telemetry() -> None:
-        queued = TelemetryWriter(path, make_header(source="bench", world_size=n),
-                                 background=True)
+        queued = _background_writer(path, n)
         for _ in range(steps):
             _busy(iterations)
             ring.append(rec)
@@ -128,12 +126,17 @@ def _beside_work(rec, n: int, path: Path, blocks: int, steps: int = 10,
     return (s["work + telemetry"] - s["work"]) / steps
 
 
+def _background_writer(path: Path, n: int):
+    """A Pacer's writer for `n` ranks: the JSON encoding on a thread of its own."""
+    from gpupace.telemetry import TelemetryWriter, make_header
+
+    return TelemetryWriter(path, make_header(source="bench", world_size=n), background=True)
+
+
 def _thread_time_us(rec, n: int, path: Path, records: int = 10) -> float:
     """The background thread's own time per record: `records` writes of `rec` queued at once,
     then the wall time until `close()` has written them all, per record."""
-    from gpupace.telemetry import TelemetryWriter, make_header
-
-    queued = TelemetryWriter(path, make_header(source="bench", world_size=n), background=True)
+    queued = _background_writer(path, n)
     t0 = time.perf_counter()
     for _ in range(records):
         queued.write(rec)
@@ -164,15 +167,12 @@ def bench_telemetry(h: Harness) -> None:
                 queued.close()
             s["added to a 20 ms step of Python work (background)"] = _beside_work(
                 parts["make_record"](), n, Path(tmp) / f"w{n}.jsonl", 3 if h.quick else 10)
+            s["background thread, per record"] = np.array(
+                [_thread_time_us(parts["make_record"](), n, Path(tmp) / f"d{n}_{i}.jsonl")
+                 for i in range(3 if h.quick else 7)])
             for k, v in s.items():
                 row = h.record("telemetry", {"world": n, "sites": N_SITES, "part": k}, v)
                 med.setdefault(k, {})[n] = (row["p20"], row["p50"], row["p80"])
-            drains = [_thread_time_us(parts["make_record"](), n, Path(tmp) / f"d{n}_{i}.jsonl")
-                      for i in range(3 if h.quick else 7)]
-            row = h.record("telemetry", {"world": n, "sites": N_SITES,
-                                         "part": "background thread, per record"}, drains)
-            med.setdefault("background thread, per record", {})[n] = (row["p20"], row["p50"],
-                                                                      row["p80"])
             sizes[str(n)] = nbytes
         to_json_parts(h, max(worlds))
     h.plot("telemetry_per_step", lambda fig: _draw(fig, worlds, med))

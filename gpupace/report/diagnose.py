@@ -17,10 +17,11 @@ count of the report):
   collective overlaps compute that outlasts it) is counted as lost all the same.
 - locality: each rank's lateness behind the median rank; a rank late by a steady offset in
   most steps is a locality rank, and every step loses the largest such offset.
-- Late spells (`spells.late_spells`): a rank clearly last in most steps of a stretch of the
-  run, not all of it (late in turn, or from halfway on). Each spell step's lead is taken off
-  the ideal as a locality rank's, and goes to sync_amplification: a delay on one rank that
-  every rank waits for, with the spell's own advice (what ran there then, not placement).
+- Late spells (`spells.late_spells`): a rank, or ranks together, with a steady offset over
+  a stretch of the run, not all of it (late in turn, or from halfway on). Each spell step's
+  lead is taken off the ideal as a locality rank's, and goes to sync_amplification: a delay
+  on one rank that every rank waits for, with the spell's own advice (what ran there then,
+  not placement).
 - Each step's remaining excess over the 5th percentile is split between the arrival spread
   it saw and the transfer time, in proportion to their excesses over their own 5th
   percentiles, each weighted by what one us of it costs in step time in this run (a
@@ -434,9 +435,9 @@ def _diagnose(run: Run) -> Diagnosis:
               "spread_over_step_p50": _p(spread, 50) / p50}
     amp_strength = amp_sig * size
     if spells:
-        # A spell's evidence is locality's, over the spell: how often its rank was last and
-        # how far that stands from a coin's half (a binomial z, full at CLEAR_Z). Weighed
-        # with the rotation's by the lost time each explains.
+        # A spell's evidence is locality's, over the spell: how often its ranks were late by
+        # half its offset and how far that stands from a coin's half (a binomial z, full at
+        # CLEAR_Z). Weighed with the rotation's by the lost time each explains.
         spell_strength = sum(sp["late_fraction"] * min(1.0, (2.0 * sp["late_fraction"] - 1.0)
                                                       * math.sqrt(sp["steps"]) / CLEAR_Z)
                              * sp["steps"] for sp in spells) / sum(sp["steps"] for sp in spells)
