@@ -182,13 +182,18 @@ def _slugify(text: str) -> str:
 
 
 # -- timing -------------------------------------------------------------------------------------
+def _finite(samples: Iterable[float]) -> np.ndarray:
+    """The finite samples as a flat float64 array."""
+    a = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples,
+                   dtype=np.float64).ravel()
+    return a[np.isfinite(a)]
+
+
 def median_ci(samples: Iterable[float], level: float = 0.95, resamples: int = 2000,
               seed: int = 0) -> tuple[float, float]:
     """Bootstrap interval of the median of the finite samples: how far the median of pairs
     could move on a rerun, the noise a verdict on it must be read against."""
-    a = np.asarray(list(samples) if not isinstance(samples, np.ndarray) else samples,
-                   dtype=np.float64).ravel()
-    a = a[np.isfinite(a)]
+    a = _finite(samples)
     if a.size < 2:
         return math.nan, math.nan
     draws = np.random.default_rng(seed).choice(a, size=(resamples, a.size))
@@ -199,10 +204,7 @@ def median_ci(samples: Iterable[float], level: float = 0.95, resamples: int = 20
 
 def quantiles(samples: Iterable[float]) -> dict[str, float]:
     """p20/p50/p80/p99, mean and count of the finite samples (NaN quantiles when none)."""
-    a = np.asarray(
-        list(samples) if not isinstance(samples, np.ndarray) else samples, dtype=np.float64
-    ).ravel()
-    a = a[np.isfinite(a)]
+    a = _finite(samples)
     if a.size == 0:
         return {**{f"p{q}": math.nan for q in QUANTILES}, "mean": math.nan, "n": 0}
     qs = np.percentile(a, QUANTILES)
