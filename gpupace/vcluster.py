@@ -26,11 +26,14 @@ MAX_RANKS = 32  # torch.cuda.Stream() cycles through a pool of 32 streams per pr
 @dataclass(slots=True)
 class ClusterResults:
     """Per step and site (us): the true arrival spread from shared-clock stamps, the estimate
-    from the clock-free estimator, the entry spread after pacing, and the delays applied."""
+    from the clock-free estimator, the entry spread after pacing, the exit spread, and the
+    delays applied. The estimator takes every rank to leave a collective at once, so its error
+    is at most that site's exit spread (DESIGN.md, measurement model)."""
 
     true_spread: np.ndarray  # [steps, sites]
     est_spread: np.ndarray  # [steps, sites]
     true_entry_spread: np.ndarray  # [steps, sites]
+    exit_spread: np.ndarray  # [steps, sites]
     delay: np.ndarray  # [steps, ranks, sites]
     timed_out: bool
 
@@ -99,6 +102,7 @@ class VirtualCluster:
         self.ring_step = torch.full((16,), -1, dtype=i64, device=dev)
         self.arrive_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
         self.enter_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
+        self.exit_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
         self.est_hist = torch.zeros(max_steps, n_sites, dtype=f32, device=dev)
         self.delay_hist = torch.zeros(max_steps, n, n_sites, dtype=f32, device=dev)
         self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
@@ -151,6 +155,7 @@ class VirtualCluster:
         ns = self.n_sites
         self.arrive_hist[self.steps].copy_(self.stamps[:, :ns, 0])
         self.enter_hist[self.steps].copy_(self.stamps[:, :ns, 1])
+        self.exit_hist[self.steps].copy_(self.stamps[:, :ns, 2])
         self.delay_hist[self.steps].copy_(self.gathered[:, 2 + m:2 + m + ns])
         v = self._views
         k["reduce"].reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
@@ -168,10 +173,12 @@ class VirtualCluster:
         s = self.steps
         a = self.arrive_hist[:s].double().cpu().numpy() / 1e3
         e = self.enter_hist[:s].double().cpu().numpy() / 1e3
+        x = self.exit_hist[:s].double().cpu().numpy() / 1e3
         return ClusterResults(
             true_spread=a.max(axis=1) - a.min(axis=1),
             est_spread=self.est_hist[:s].double().cpu().numpy(),
             true_entry_spread=e.max(axis=1) - e.min(axis=1),
+            exit_spread=x.max(axis=1) - x.min(axis=1),
             delay=self.delay_hist[:s].double().cpu().numpy(),
             timed_out=bool(self.flag.item()),
         )

@@ -186,12 +186,14 @@ def test_ddp_hook_on_the_device_backend_trains_like_plain_ddp(nccl_group):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),  # noqa: E731
-                                       torch.nn.Linear(256, 8)).cuda()
+    # 1.6 MB of parameters: DDP's first bucket holds 1 MB whatever bucket_cap_mb says (a
+    # 75 KB model made one bucket on the H200 run of 2026-11-30).
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 640), torch.nn.ReLU(),  # noqa: E731
+                                       torch.nn.Linear(640, 600)).cuda()
     plain, paced = make(), make()
     paced.load_state_dict(plain.state_dict())
-    ddp_plain = DDP(plain, device_ids=[0], bucket_cap_mb=0.05, process_group=nccl_group)
-    ddp_paced = DDP(paced, device_ids=[0], bucket_cap_mb=0.05, process_group=nccl_group)
+    ddp_plain = DDP(plain, device_ids=[0], bucket_cap_mb=0.5, process_group=nccl_group)
+    ddp_paced = DDP(paced, device_ids=[0], bucket_cap_mb=0.5, process_group=nccl_group)
     pacer = Pacer(paced_config(max_sites=16), nccl_group, backend="device")
     pacer.attach(ddp_paced)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ddp_plain, ddp_paced)]
