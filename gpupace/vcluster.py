@@ -84,20 +84,8 @@ class VirtualCluster:
         self.flag = torch.zeros(1, dtype=i32, device=dev)
         self.applied = torch.zeros(n, dtype=f32, device=dev)
         self.reads = torch.zeros(n, dtype=i32, device=dev)
-        self.red = {"valid": torch.zeros(n, dtype=i32, device=dev),
-                    "n_valid": torch.zeros(1, dtype=i32, device=dev),
-                    "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, device=dev),
-                    "straggler": torch.zeros(m, dtype=i32, device=dev),
-                    "median": torch.zeros(1, dtype=f32, device=dev)}
-        self.state = {"floor": torch.zeros(n, m, dtype=f32, device=dev),
-                      "calm": torch.zeros(n, m, dtype=i32, device=dev),
-                      "mean": torch.zeros(n, m, dtype=f32, device=dev),
-                      "var": torch.full((n, m), -1.0, dtype=f32, device=dev),
-                      "delay": torch.zeros(n, m, dtype=f32, device=dev),
-                      "active": torch.zeros(m, dtype=i32, device=dev),
-                      "above": torch.zeros(m, dtype=i32, device=dev),
-                      "below": torch.zeros(m, dtype=i32, device=dev),
-                      "counter": torch.zeros(update.COUNTER_LEN, dtype=i64, device=dev)}
+        self.red = reduce.outputs(n, m, dev)
+        self.state = update.new_state(n, m, dev)  # every rank's, one program each
         self.ring = torch.zeros(16, update.record_len(n, m), dtype=f32, device=dev)
         self.ring_step = torch.full((16,), -1, dtype=i64, device=dev)
         self.arrive_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
@@ -158,9 +146,8 @@ class VirtualCluster:
         self.exit_hist[self.steps].copy_(self.stamps[:, :ns, 2])
         self.delay_hist[self.steps].copy_(self.gathered[:, 2 + m:2 + m + ns])
         v = self._views
-        k["reduce"].reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
-                                v["straggler"], v["median"], n_sites=ns,
-                                stream_ptr=main.cuda_stream, device=self.device.index or 0)
+        k["reduce"].reduce_rows(v["gathered"], v, n_sites=ns, stream_ptr=main.cuda_stream,
+                                device=self.device.index or 0)
         self.est_hist[self.steps].copy_(self.red["site"][1, :ns])
         k["update"].update(self.gathered, self.scratch_row, self.red, self.state, self.ring,
                            self.ring_step, self.params, n_sites=ns, rank=0)

@@ -1,16 +1,19 @@
 """The CuPy reduction over the gathered timing matrix: which ranks' rows are usable, and per
 site the earliest exit-relative arrival, its argmin (the straggler), the spread, the transfer
-estimate, the residual entry spread and the mean earliness.
+estimate, the residual entry spread and the mean earliness; per rank the sums of its waits and
+delays; the range of the site counts; the median step time.
 
-One NVRTC-compiled kernel (`_reduce_kernel`), one block: phase 1 marks each rank's row valid
-(every w and d finite, >= 0 and < ABSURD_US, as `gpupace.policy.update` does); phase 2 gives
-each warp whole sites and reduces over ranks with warp shuffles. It is launched on torch's
-current stream through `cupy.cuda.ExternalStream`, into preallocated outputs, so it can be
-captured in a CUDA graph once `warmup` has compiled it. `reduce_reference` is its NumPy twin
-(float32, same tie rule: the lowest rank wins an argmin), which CPU tests check against the
-policy and GPU tests check the kernel against.
+One NVRTC-compiled kernel (`_reduce_kernel`), one block of 256 to 1024 threads (more for more
+ranks): phase 1 gives each thread whole rows, marks each valid (every w and d finite, >= 0 and
+< ABSURD_US, as `gpupace.policy.update` does) and sums them; the median sorts the step times in
+shared memory; phase 2 gives each site a group of warps (all of them when there is one site)
+that reduce over ranks with warp shuffles and meet in shared memory. It is launched on torch's
+current stream through CuPy's view of it, into preallocated outputs, so it can be captured in a
+CUDA graph once `warmup` has compiled it. `reduce_reference` is its NumPy twin (float32, same tie
+rule: the lowest rank wins an argmin), which CPU tests check against the policy and GPU tests
+check the kernel against.
 
-Gathered matrix: float32 [N, 2 + 2M], rows as in `spin.py`. Outputs:
+Gathered matrix: float32 [N, 2 + 2M], rows as in `spin.py`. Outputs (`outputs` makes them):
   valid      int32 [N]
   n_valid    int32 [1]
   site       float32 [5, M]: earliest = min (w + d), spread = max (w + d) - earliest,
@@ -18,6 +21,8 @@ Gathered matrix: float32 [N, 2 + 2M], rows as in `spin.py`. Outputs:
   straggler  int32 [M]: argmin (w + d), -1 with fewer than two valid ranks
   median     float32 [1]: median of the known step times (finite, > 0, < ABSURD_US), NaN if
              none; one block sorts them in shared memory (N up to 8192: 32 KB)
+  sums       float32 [2, N]: each rank's waits and delays summed over the sites, NaNs skipped
+  counts     int32 [2]: the least and the most sites a rank counted (-1 for a non-finite count)
 With fewer than two valid ranks spread, residual and mean are NaN (transfer is the one valid
 rank's w, or NaN), as in the policy.
 """
@@ -31,41 +36,59 @@ import numpy as np
 
 ABSURD_US = 1e9  # gpupace.policy.ABSURD_US; kernels do not import the library
 N_SITE_STATS = 5
-BLOCK = 256
 MAX_SORT = 8192  # 32 KB of shared memory, under the 48 KB a block gets without opting in
 
 _SOURCE = r"""
+__device__ __forceinline__ void keep_min(float& a, int& i, float b, int j) {
+  if (b < a || (b == a && j < i)) { a = b; i = j; }  // the lowest rank wins a tie
+}
+
 extern "C" __global__ void gpupace_reduce(
     const float* __restrict__ g, const int n_ranks, const int row_len, const int max_sites,
     const int n_sites, const float absurd, const int sort_len, int* __restrict__ valid,
     int* __restrict__ n_valid, float* __restrict__ site, int* __restrict__ straggler,
-    float* __restrict__ median) {
+    float* __restrict__ median, float* __restrict__ sums, int* __restrict__ counts) {
   extern __shared__ float sorted[];  // sort_len floats: the step times, known first
-  __shared__ int counts[32];
+  __shared__ int part_n[32], part_lo[32], part_hi[32], part_arg[32];
+  __shared__ float part_amin[32], part_amax[32], part_wmin[32], part_wmax[32], part_sum[32];
   __shared__ int n_known;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = blockDim.x >> 5;
-  // Phase 1: a rank's row is usable when all its waits and delays are sane.
-  int mine = 0;
+  const float nan = __int_as_float(0x7fc00000), inf = __int_as_float(0x7f800000);
+  // Phase 1, a thread a row: usable when all its waits and delays are sane; its sums; its
+  // site count.
+  int mine = 0, lo = 0x7fffffff, hi = -0x7fffffff - 1;
   for (int i = tid; i < n_ranks; i += blockDim.x) {
     const float* r = g + (long long)i * row_len;
     int ok = 1;
+    float ws = 0.f, ds = 0.f;
     for (int s = 0; s < n_sites; ++s) {
       const float w = r[2 + s], d = r[2 + max_sites + s];
       ok &= isfinite(w) && isfinite(d) && w >= 0.f && d >= 0.f && w < absurd && d < absurd;
+      ws += isnan(w) ? 0.f : w;
+      ds += isnan(d) ? 0.f : d;
     }
     valid[i] = ok;
-    mine += ok;
+    sums[i] = ws;
+    sums[n_ranks + i] = ds;
+    const float cf = r[0];
+    const int c = isfinite(cf) ? (int)cf : -1;  // (int) saturates out of range
+    mine += ok; lo = min(lo, c); hi = max(hi, c);
   }
-  for (int o = 16; o > 0; o >>= 1) mine += __shfl_down_sync(0xffffffffu, mine, o);
-  if (lane == 0) counts[warp] = mine;
-  __syncthreads();  // valid[] and counts[] are visible to the whole block after this
-  int nv = 0;
-  for (int w = 0; w < n_warps; ++w) nv += counts[w];
-  if (tid == 0) n_valid[0] = nv;
-  const float nan = __int_as_float(0x7fc00000), inf = __int_as_float(0x7f800000);
-  // Median of the known step times (finite, > 0, < absurd): bitonic sort, unknowns as +inf.
+  for (int o = 16; o > 0; o >>= 1) {
+    mine += __shfl_down_sync(0xffffffffu, mine, o);
+    lo = min(lo, __shfl_down_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_down_sync(0xffffffffu, hi, o));
+  }
+  if (lane == 0) { part_n[warp] = mine; part_lo[warp] = lo; part_hi[warp] = hi; }
   if (tid == 0) n_known = 0;
-  __syncthreads();
+  __syncthreads();  // valid[] and the partials are visible to the whole block after this
+  int nv = 0;
+  for (int w = 0; w < n_warps; ++w) nv += part_n[w];
+  if (tid == 0) {
+    for (int w = 1; w < n_warps; ++w) { lo = min(lo, part_lo[w]); hi = max(hi, part_hi[w]); }
+    n_valid[0] = nv; counts[0] = lo; counts[1] = hi;
+  }
+  // Median of the known step times (finite, > 0, < absurd): bitonic sort, unknowns as +inf.
   for (int i = tid; i < sort_len; i += blockDim.x) {
     const float x = i < n_ranks ? g[(long long)i * row_len + 1] : nan;
     const bool known = x > 0.f && x < absurd;  // false for NaN
@@ -89,28 +112,46 @@ extern "C" __global__ void gpupace_reduce(
     const int c = n_known;
     median[0] = c > 0 ? (sorted[(c - 1) / 2] + sorted[c / 2]) * 0.5f : nan;
   }
-  // Phase 2: one warp per site.
-  for (int s = warp; s < n_sites; s += n_warps) {
-    float amin = inf, amax = -inf, wmin = inf, wmax = -inf, asum = 0.f;
-    int arg = 0x7fffffff;
-    for (int i = lane; i < n_ranks; i += 32) {
-      if (!valid[i]) continue;
-      const float* r = g + (long long)i * row_len;
-      const float w = r[2 + s], a = w + r[2 + max_sites + s];
-      if (a < amin) { amin = a; arg = i; }  // ranks rise along a lane: first minimum kept
-      amax = fmaxf(amax, a); wmin = fminf(wmin, w); wmax = fmaxf(wmax, w); asum += a;
+  // Phase 2: `groups` sites at a time, `per` warps a site; warp partials meet in shared memory.
+  const int groups = max(1, min(n_warps, n_sites)), per = n_warps / groups;
+  const int gi = warp / per, sub = warp % per;
+  const bool two = nv >= 2;
+  for (int s0 = 0; s0 < n_sites; s0 += groups) {  // the same trip count for every thread
+    const int s = s0 + gi;
+    const bool mine_site = gi < groups && s < n_sites;
+    if (mine_site) {
+      float amin = inf, amax = -inf, wmin = inf, wmax = -inf, asum = 0.f;
+      int arg = 0x7fffffff;
+      for (int i = sub * 32 + lane; i < n_ranks; i += per * 32) {
+        if (!valid[i]) continue;
+        const float* r = g + (long long)i * row_len;
+        const float w = r[2 + s], a = w + r[2 + max_sites + s];
+        keep_min(amin, arg, a, i);
+        amax = fmaxf(amax, a); wmin = fminf(wmin, w); wmax = fmaxf(wmax, w); asum += a;
+      }
+      for (int o = 16; o > 0; o >>= 1) {
+        keep_min(amin, arg, __shfl_down_sync(0xffffffffu, amin, o),
+                 __shfl_down_sync(0xffffffffu, arg, o));
+        amax = fmaxf(amax, __shfl_down_sync(0xffffffffu, amax, o));
+        wmin = fminf(wmin, __shfl_down_sync(0xffffffffu, wmin, o));
+        wmax = fmaxf(wmax, __shfl_down_sync(0xffffffffu, wmax, o));
+        asum += __shfl_down_sync(0xffffffffu, asum, o);
+      }
+      if (lane == 0) {
+        part_amin[warp] = amin; part_arg[warp] = arg; part_amax[warp] = amax;
+        part_wmin[warp] = wmin; part_wmax[warp] = wmax; part_sum[warp] = asum;
+      }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float oa = __shfl_down_sync(0xffffffffu, amin, o);
-      const int oi = __shfl_down_sync(0xffffffffu, arg, o);
-      if (oa < amin || (oa == amin && oi < arg)) { amin = oa; arg = oi; }
-      amax = fmaxf(amax, __shfl_down_sync(0xffffffffu, amax, o));
-      wmin = fminf(wmin, __shfl_down_sync(0xffffffffu, wmin, o));
-      wmax = fmaxf(wmax, __shfl_down_sync(0xffffffffu, wmax, o));
-      asum += __shfl_down_sync(0xffffffffu, asum, o);
-    }
-    if (lane == 0) {
-      const bool two = nv >= 2;
+    __syncthreads();
+    if (mine_site && sub == 0 && lane == 0) {
+      float amin = part_amin[warp], amax = part_amax[warp], wmin = part_wmin[warp];
+      float wmax = part_wmax[warp], asum = part_sum[warp];
+      int arg = part_arg[warp];
+      for (int w = warp + 1; w < warp + per; ++w) {
+        keep_min(amin, arg, part_amin[w], part_arg[w]);
+        amax = fmaxf(amax, part_amax[w]); wmin = fminf(wmin, part_wmin[w]);
+        wmax = fmaxf(wmax, part_wmax[w]); asum += part_sum[w];
+      }
       site[0 * max_sites + s] = two ? amin : nan;
       site[1 * max_sites + s] = two ? amax - amin : nan;
       site[2 * max_sites + s] = nv >= 1 ? wmin : nan;
@@ -118,6 +159,7 @@ extern "C" __global__ void gpupace_reduce(
       site[4 * max_sites + s] = two ? asum / (float)nv - amin : nan;
       straggler[s] = two ? arg : -1;
     }
+    __syncthreads();  // the partials are read before the next sites overwrite them
   }
 }
 """
@@ -167,12 +209,35 @@ def sort_len_for(n_ranks: int) -> int:
     return max(2, 1 << (int(n_ranks) - 1).bit_length())
 
 
-def reduce_rows(gathered: Any, valid: Any, n_valid: Any, site: Any, straggler: Any,
-                median: Any, *,
-                n_sites: int, stream_ptr: int, device: int = 0) -> None:
+def threads_for(n_ranks: int) -> int:
+    """The block's size: 256 threads up to 256 ranks, then one a rank, up to 1024 (phase 1 and
+    the sort then take a few rows a thread, not a dozen)."""
+    return min(1024, max(256, sort_len_for(n_ranks)))
+
+
+def outputs(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, Any]:
+    """The reduction's output buffers as torch tensors (zeros), by name, as `reduce_rows` and
+    the update kernel take them."""
+    import torch
+
+    i32 = torch.int32
+    return {"valid": torch.zeros(n_ranks, dtype=i32, device=device),
+            "n_valid": torch.zeros(1, dtype=i32, device=device),
+            "site": torch.zeros(N_SITE_STATS, max_sites, device=device),
+            "straggler": torch.zeros(max_sites, dtype=i32, device=device),
+            "median": torch.zeros(1, device=device),
+            "sums": torch.zeros(2, n_ranks, device=device),
+            "counts": torch.zeros(2, dtype=i32, device=device)}
+
+
+OUTPUTS = ("valid", "n_valid", "site", "straggler", "median", "sums", "counts")
+
+
+def reduce_rows(gathered: Any, out: dict[str, Any], *, n_sites: int, stream_ptr: int,
+                device: int = 0) -> None:
     """Launches the reduction over the first `n_sites` sites of `gathered` (a CuPy view of the
     float32 [N, 2 + 2M] matrix) on the CUDA stream `stream_ptr` (torch's current stream), into
-    the preallocated CuPy outputs described in the module docstring."""
+    `out`, CuPy views of the buffers that `outputs` makes."""
     import numpy as _np
 
     n_ranks, row_len = gathered.shape
@@ -184,15 +249,14 @@ def reduce_rows(gathered: Any, valid: Any, n_valid: Any, site: Any, straggler: A
         raise ValueError(f"the reduction sorts at most {MAX_SORT} ranks in one block, got {n_ranks}")
     kernel = _reduce_kernel()
     with _external_stream(int(stream_ptr), int(device)):
-        kernel((1,), (BLOCK,), (gathered, _np.int32(n_ranks), _np.int32(row_len),
-                                _np.int32(max_sites), _np.int32(n_sites),
-                                _np.float32(ABSURD_US), _np.int32(sort_len), valid, n_valid, site,
-                                straggler, median), shared_mem=4 * sort_len)
+        kernel((1,), (threads_for(n_ranks),),
+               (gathered, _np.int32(n_ranks), _np.int32(row_len), _np.int32(max_sites),
+                _np.int32(n_sites), _np.float32(ABSURD_US), _np.int32(sort_len),
+                *(out[k] for k in OUTPUTS)), shared_mem=4 * sort_len)
 
 
 def reduce_reference(gathered: np.ndarray, n_sites: int) -> dict[str, np.ndarray]:
-    """The NumPy twin of the kernel, in float32: returns valid, n_valid, site, straggler and
-    median."""
+    """The NumPy twin of the kernel, in float32: returns its outputs by name."""
     g = np.asarray(gathered, dtype=np.float32)
     n_ranks, row_len = g.shape
     m = (row_len - 2) // 2
@@ -219,5 +283,12 @@ def reduce_reference(gathered: np.ndarray, n_sites: int) -> dict[str, np.ndarray
         known = st[(st > 0) & (st < ABSURD_US)]
     med = np.float32((np.sort(known)[(known.size - 1) // 2] + np.sort(known)[known.size // 2])
                      * np.float32(0.5)) if known.size else np.float32(np.nan)
+    with np.errstate(invalid="ignore", over="ignore"):
+        sums = np.stack([np.nansum(w, axis=1, dtype=np.float32),
+                         np.nansum(d, axis=1, dtype=np.float32)]).astype(np.float32)
+        c = g[:, 0].astype(np.float64)  # truncated and saturated, as CUDA's (int)
+        c = np.where(np.isfinite(c), np.clip(np.trunc(c), -2.0**31, 2.0**31 - 1), -1).astype(np.int32)
+    counts = np.array([c.min(), c.max()], dtype=np.int32)
     return {"valid": valid.astype(np.int32), "n_valid": np.array([nv], dtype=np.int32),
-            "site": site, "straggler": straggler, "median": np.array([med], dtype=np.float32)}
+            "site": site, "straggler": straggler, "median": np.array([med], dtype=np.float32),
+            "sums": sums, "counts": counts}

@@ -20,6 +20,8 @@ Spin precision targets (error p99 <= timer tick + 1 us on an H200): not yet meas
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +29,7 @@ import triton.language as tl
 from gpupace.policy import ARRIVAL_RATE
 
 from .clock import now, stamp_now, use_clock
+from .launch import Hot
 
 # A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
 # but the device never spins longer than this.
@@ -115,20 +118,37 @@ def enter(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps: t
           rate: float = ARRIVAL_RATE, max_reads: int | None = None, clock: bool | None = None,
           fake_tick: int = 1000) -> None:
     """The fused pre-collective kernel of site `site`: stamps arrival, spins for
-    `delay.flat[delay_offset + site]` (float32 us; the engine passes the whole delay matrix and
-    its rank's offset, so the pointer's alignment, which Triton specialises on, never changes)
-    applied as a deadline against `usual[site]` (float32 [M], NaN at first: the running mean
-    arrival since the site's exit one step before, updated at `rate`), stamps entry and writes the
-    applied delay into `row`. See the module docstring for the buffers."""
+    `delay.flat[delay_offset + site]` (float32 us; the virtual cluster passes its whole delay
+    matrix and a rank's offset, so the pointer's alignment, which Triton specialises on, never
+    changes) applied as a deadline against `usual[site]` (float32 [M], NaN at first: the running
+    mean arrival since the site's exit one step before, updated at `rate`), stamps entry and
+    writes the applied delay into `row`. See the module docstring for the buffers."""
+    enterer(delay, usual, row, stamps, clk, delay_offset=delay_offset, cap_us=cap_us, rate=rate,
+            max_reads=max_reads, clock=clock, fake_tick=fake_tick)(site)
+
+
+def enterer(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor,
+            clk: torch.Tensor, *, delay_offset: int = 0, cap_us: float,
+            rate: float = ARRIVAL_RATE, max_reads: int | None = None, clock: bool | None = None,
+            fake_tick: int = 1000) -> Callable[[int], None]:
+    """`enter` on these buffers, called with the site: for an engine's hot path, whose launches
+    after the first skip the JIT (`launch.Hot`)."""
     if usual.numel() != stamps.shape[0]:
         raise ValueError(f"usual must hold one value per site ({stamps.shape[0]}), got {usual.numel()}")
     m = stamps.shape[0]
-    if not 0 <= site < m:
-        raise ValueError(f"site must be in [0, {m}), got {site}")
     n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
-    if not 0 <= delay_offset + site < delay.numel():
-        raise ValueError(f"delay_offset + site must index delay ({delay.numel()}), got "
-                         f"{delay_offset} + {site}")
-    _enter_kernel[(1,)](delay, usual, row, stamps, clk, int(site), int(delay_offset), m,
-                        float(cap_us), float(rate), n, int(fake_tick), USE_CLOCK=use_clock(clock),
-                        HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS, num_warps=1)
+    if not (0 <= delay_offset and delay_offset + m <= delay.numel()):
+        raise ValueError(f"delay_offset + {m} sites must fit in delay ({delay.numel()}), got "
+                         f"delay_offset {delay_offset}")
+    hot = Hot(_enter_kernel, (1,),
+              [delay, usual, row, stamps, clk, 0, int(delay_offset), m, float(cap_us),
+               float(rate), n, int(fake_tick), use_clock(clock), HARD_CAP_US, HARD_MAX_READS],
+              free=5, meta={"num_warps": 1})
+
+    def launch(site: int) -> None:
+        if not 0 <= site < m:
+            raise ValueError(f"site must be in [0, {m}), got {site}")
+        hot(int(site))
+
+    launch.hot = hot  # type: ignore[attr-defined]  # the GPU tests read hot.direct
+    return launch

@@ -146,6 +146,13 @@ def test_launchers_reject_bad_sites(k):
         k["stamp"].exit_stamp(row, stamps, clk, -1)
     with pytest.raises(ValueError, match="slot"):
         k["stamp"].stamp(torch.zeros(2, dtype=torch.int64), 5, clk)
+    for offset in (-1, 3):  # a rank's two sites must lie inside the [2, 2] delay matrix
+        with pytest.raises(ValueError, match="delay_offset"):
+            k["spin"].enter(torch.zeros(2, 2), torch.zeros(2), row, stamps, clk, 0,
+                            delay_offset=offset, cap_us=1.0)
+    launch = k["stamp"].exit_stamper(row, stamps, clk)  # the engine's hot path checks too
+    with pytest.raises(ValueError, match="site"):
+        launch(2)
 
 
 def test_stamp_writes_the_clock_into_its_slot(k):
@@ -216,3 +223,15 @@ def test_reduce_reference_agrees_with_policy(k, data):
         known = steps[np.isfinite(steps) & (steps > 0) & (steps < policy.ABSURD_US)]
     want = np.median(known) if known.size else np.nan
     np.testing.assert_allclose(out["median"][0], want, rtol=1e-6, equal_nan=True)
+    # what the telemetry record takes per rank: waits and delays summed, NaNs skipped
+    np.testing.assert_allclose(out["sums"], [np.nansum(w, axis=1), np.nansum(d, axis=1)],
+                               rtol=1e-6)
+    assert out["counts"].tolist() == [n_sites, n_sites]
+
+
+def test_reduce_reference_reads_the_site_counts_as_cuda_casts_them(k):
+    g = np.zeros((4, 4), dtype=np.float32)
+    g[:, 0] = [2.7, np.nan, 3e9, -np.inf]  # truncated, -1 if not finite, saturated
+    assert k["reduce"].reduce_reference(g, 1)["counts"].tolist() == [-1, 2**31 - 1]
+    g[:, 0] = [2.7, 1.0, 2.0, 2.0]
+    assert k["reduce"].reduce_reference(g, 1)["counts"].tolist() == [1, 2]

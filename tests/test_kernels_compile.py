@@ -93,25 +93,21 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
         assert kernel.asm.get("cubin"), name  # ptxas ran: the PTX is valid for sm_90
 
 
-@pytest.mark.parametrize("n", [1, 3, 4096])
-def test_update_kernel_compiles_for_hopper(hopper, n):
-    """One program over a block of every rank: at 4096 ranks, 1024 threads."""
+@pytest.mark.parametrize("n,own", [(1, 1), (3, 3), (4096, 1)])
+def test_update_kernel_compiles_for_hopper(hopper, n, own):
+    """One program a rank updated, a vector over 64 sites; at 4096 ranks, the record's pass
+    over them. The launcher's own arguments, on CPU tensors."""
     compile, k = hopper
     update = k["update"]
-    i32, i64 = torch.int32, torch.int64
+    reduce = importlib.import_module("gpupace.kernels.reduce")
     p = policy.PolicyParams.from_config(PaceConfig(mode="pace"), n)
     m = 64
     ring = zeros(256, update.record_len(n, m))
-    kernel = compile(
-        update._update_kernel, zeros(n, 2 + 2 * m), n, 2 + 2 * m, m, 1, 0,
-        zeros(n, dtype=i32), zeros(1, dtype=i32), zeros(5, m), zeros(m, dtype=i32), zeros(1),
-        zeros(n, m), zeros(n, m, dtype=i32), zeros(n, m), zeros(n, m), zeros(n, m),
-        zeros(m, dtype=i32), zeros(m, dtype=i32), zeros(m, dtype=i32), zeros(3, dtype=i64),
-        zeros(2 + 2 * m), ring, zeros(256, dtype=i64), 256, ring.shape[1],
-        int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
-        int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
-        float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
-        float(p.safety_z), int(p.warmup_steps), update.ABSURD_US,
-        BLOCK_N=update.block_n(n), num_warps=update.num_warps_for(n))
+    _, args, meta = update.launch_args(
+        zeros(n, 2 + 2 * m), zeros(2 + 2 * m), reduce.outputs(n, m), update.new_state(own, m),
+        ring, zeros(256, dtype=torch.int64), p, n_sites=1, rank=0)
+    kernel = compile(update._update_kernel, *args, **meta)
     assert kernel.asm.get("cubin")
-    assert kernel.metadata.num_warps == update.num_warps_for(n)
+    assert kernel.metadata.num_warps == meta["num_warps"]
+    # no local memory: nothing spilled, no register array indexed at run time
+    assert ".local" not in kernel.asm["ptx"], "the update kernel spills"

@@ -21,16 +21,12 @@ from gpupace import PaceConfig, policy
 
 
 class DeviceSide:
-    """The kernel's buffers on the CPU, fed the way the device engine feeds them."""
+    """The kernel's buffers on the CPU, fed the way the device engine feeds them: the state of
+    every rank (one program each, rank 0 first), or of `rank` alone (`alone`, as a pacer's)."""
 
-    def __init__(self, k, n: int, m: int, rank: int = 0, ring_len: int = 8):
-        self.k, self.n, self.m, self.rank = k, n, m, rank
-        i32 = torch.int32
-        self.state = {"floor": torch.zeros(n, m), "calm": torch.zeros(n, m, dtype=i32),
-                      "mean": torch.zeros(n, m), "var": torch.full((n, m), -1.0),
-                      "delay": torch.zeros(n, m), "active": torch.zeros(m, dtype=i32),
-                      "above": torch.zeros(m, dtype=i32), "below": torch.zeros(m, dtype=i32),
-                      "counter": torch.zeros(k["update"].COUNTER_LEN, dtype=torch.int64)}
+    def __init__(self, k, n: int, m: int, rank: int = 0, ring_len: int = 8, alone: bool = False):
+        self.k, self.n, self.m, self.rank = k, n, m, rank if alone else 0
+        self.state = k["update"].new_state(1 if alone else n, m)
         self.ring = torch.full((ring_len, k["update"].record_len(n, m)), float("nan"))
         self.ring_step = torch.full((ring_len,), -1, dtype=torch.int64)
         self.row = torch.zeros(2 + 2 * m)
@@ -40,7 +36,7 @@ class DeviceSide:
                self.k["reduce"].reduce_reference(g, n_sites).items()}
         self.k["update"].update(torch.from_numpy(g), self.row, red, self.state, self.ring,
                                 self.ring_step, params, n_sites=n_sites, rank=self.rank)
-        step = int(self.state["counter"][0]) - 1
+        step = int(self.state["counter"][0, 0]) - 1
         return self.ring[step % self.ring.shape[0]].numpy()
 
 
@@ -56,18 +52,19 @@ def make_rows(w, d, steps, m, counts=None):
 
 
 def compare(dev: DeviceSide, state: policy.PolicyState, n_sites: int):
-    s = dev.state
-    np.testing.assert_allclose(s["floor"][:, :n_sites].numpy(), state.floor, rtol=1e-4, atol=2e-3)
-    np.testing.assert_array_equal(s["calm"][:, :n_sites].numpy(), state.calm)
+    s, r = dev.state, slice(dev.rank, dev.rank + dev.state["floor"].shape[0])
+    np.testing.assert_allclose(s["floor"][:, :n_sites].numpy(), state.floor[r], rtol=1e-4, atol=2e-3)
+    np.testing.assert_array_equal(s["calm"][:, :n_sites].numpy(), state.calm[r])
     for key in ("mean", "var"):  # policies with a running mean and variance of earliness
         if hasattr(state, key):
-            np.testing.assert_allclose(s[key][:, :n_sites].numpy(), getattr(state, key),
+            np.testing.assert_allclose(s[key][:, :n_sites].numpy(), getattr(state, key)[r],
                                        rtol=1e-4, atol=2e-2)
-    np.testing.assert_allclose(s["delay"][:, :n_sites].numpy(), state.delay, rtol=1e-4, atol=2e-3)
-    np.testing.assert_array_equal(s["active"][:n_sites].numpy().astype(bool), state.active)
-    np.testing.assert_array_equal(s["above"][:n_sites].numpy(), state.above)
-    np.testing.assert_array_equal(s["below"][:n_sites].numpy(), state.below)
-    assert int(s["counter"][1]) == state.step
+    np.testing.assert_allclose(s["delay"][:, :n_sites].numpy(), state.delay[r], rtol=1e-4, atol=2e-3)
+    for key in ("active", "above", "below"):  # each program's copy of the switch state
+        got = s[key][:, :n_sites].numpy()
+        np.testing.assert_array_equal(got.astype(bool) if key == "active" else got,
+                                      np.broadcast_to(getattr(state, key), got.shape))
+    assert (s["counter"][:, 1] == state.step).all()
     assert (s["delay"][:, n_sites:] == 0).all()
 
 
@@ -121,14 +118,21 @@ def scenarios(draw):
 def test_update_kernel_agrees_with_policy(k, sc):
     cfg, n, m, n_sites, steps = sc
     params = policy.PolicyParams.from_config(cfg, n)
-    rank = n - 1
-    dev = DeviceSide(k, n, m, rank=rank)
+    dev = DeviceSide(k, n, m)  # every rank, one program each
+    alone = DeviceSide(k, n, m, rank=n - 1, alone=True)  # a pacer's: its own rank
     state = policy.init_state(n, n_sites)
+    U = k["update"]
     for w, d, st_us in steps:
         rec = dev.step(make_rows(w, d, st_us, m), n_sites, params)
+        rec_alone = alone.step(make_rows(w, d, st_us, m), n_sites, params)
         state, stats = policy.update(params, state, w, d, st_us)
         compare(dev, state, n_sites)
-        U = k["update"]
+        compare(alone, state, n_sites)
+        # the same record but for the step time, the recording rank's
+        same = np.arange(rec.size) != U.REC_STEP_TIME
+        np.testing.assert_array_equal(rec_alone[same], rec[same])
+        np.testing.assert_array_equal(rec_alone[U.REC_STEP_TIME], np.float32(st_us[n - 1]))
+        np.testing.assert_array_equal(rec[U.REC_STEP_TIME], np.float32(st_us[0]))
         assert rec[U.REC_OK] == 1.0
         assert rec[U.REC_CAP] == pytest.approx(stats.cap_us, rel=1e-6, abs=1e-6)
         sp = np.nan_to_num(stats.spread, nan=-1.0)
@@ -151,7 +155,8 @@ def test_update_kernel_agrees_with_policy(k, sc):
         # this rank's row is empty again for the next step
         assert dev.row[0] == 0 and math.isnan(dev.row[1])
         assert torch.isnan(dev.row[2:2 + m]).all() and (dev.row[2 + m:] == 0).all()
-    assert int(dev.state["counter"][0]) == len(steps)
+    assert (dev.state["counter"][:, 0] == len(steps)).all()
+    assert alone.row[0] == 0 and torch.isnan(alone.row[2:2 + m]).all()
 
 
 def paced(n=3, m=2):
@@ -177,8 +182,8 @@ def test_disagreeing_site_counts_learn_nothing_and_zero_every_delay(k):
     assert (dev.state["delay"] == 0).all()
     for key in ("floor", "calm", "active", "above", "below"):
         assert torch.equal(dev.state[key], before[key]), key
-    assert dev.state["counter"][1] == before["counter"][1]  # no policy step
-    assert dev.state["counter"][0] == before["counter"][0] + 1  # but a step was done
+    assert torch.equal(dev.state["counter"][:, 1], before["counter"][:, 1])  # no policy step
+    assert torch.equal(dev.state["counter"][:, 0], before["counter"][:, 0] + 1)  # a step done
 
 
 def test_no_sites_is_a_disagreement(k):
@@ -204,23 +209,26 @@ def test_a_new_site_count_starts_afresh(k):
     compare(dev, state, 3)
 
 
-def test_the_straggler_is_never_delayed_even_with_a_floor(k):
-    # Rank 0 is early for a while and builds a floor; then it is last. With a slow fall its
-    # floor stays positive, and only the straggler rule keeps its delay at zero.
+@pytest.mark.parametrize("alone", [False, True])
+def test_the_straggler_is_never_delayed_even_with_a_floor(k, alone):
+    # Rank 1 is early for four steps and builds a floor; then it is last. With a slow fall and
+    # a slow mean its bound stays positive (42 us), and only the straggler rule keeps its
+    # delay at zero, whether the kernel updates every rank or rank 1 alone (its program 0).
     cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
                      threshold_us=10.0, release_us=5.0, gain=1.0, guard_us=0.0,
-                     floor_fall=0.25, floor_rise=1.0)
+                     floor_fall=0.25, floor_rise=0.05)
     params = policy.PolicyParams.from_config(cfg, 3)
-    dev, state = DeviceSide(k, 3, 1), policy.init_state(3, 1)
-    early = np.array([[300.0], [100.0], [0.0]])
-    late = np.array([[0.0], [100.0], [300.0]])
-    for w in (early, early, late):
+    dev, state = DeviceSide(k, 3, 1, rank=1, alone=alone), policy.init_state(3, 1)
+    early = np.array([[100.0], [300.0], [0.0]])
+    late = np.array([[290.0], [0.0], [280.0]])
+    for w in (early,) * 4 + (late,):
         d, st_us = np.zeros((3, 1)), np.full(3, 10_000.0)
         dev.step(make_rows(w, d, st_us, 1), 1, params)
         state, stats = policy.update(params, state, w, d, st_us)
-    assert stats.straggler[0] == 0 and state.floor[0, 0] > 0
+    bound = min(state.floor[1, 0], state.mean[1, 0] - params.safety_z * state.var[1, 0] ** 0.5)
+    assert stats.straggler[0] == 1 and bound > 40.0
     compare(dev, state, 1)
-    assert dev.state["delay"][0, 0] == 0
+    assert dev.state["delay"][1 - dev.rank, 0] == 0
 
 
 def test_update_launcher_checks_arguments(k):
@@ -230,6 +238,10 @@ def test_update_launcher_checks_arguments(k):
     with pytest.raises(ValueError, match="n_sites"):
         k["update"].update(g, dev.row, red, dev.state, dev.ring, dev.ring_step, paced(2),
                            n_sites=3, rank=0)
-    with pytest.raises(ValueError, match="rank"):
+    with pytest.raises(ValueError, match="rank"):  # two ranks' state from rank 1: past N
         k["update"].update(g, dev.row, red, dev.state, dev.ring, dev.ring_step, paced(2),
-                           n_sites=1, rank=2)
+                           n_sites=1, rank=1)
+    bad = {**dev.state, "counter": torch.zeros(k["update"].COUNTER_LEN, dtype=torch.int64)}
+    with pytest.raises(ValueError, match="counter"):  # the old one-rank layout
+        k["update"].update(g, dev.row, red, bad, dev.ring, dev.ring_step, paced(2),
+                           n_sites=1, rank=0)

@@ -118,7 +118,7 @@ class DeviceEngine:
         self.cap_us = float(config.max_delay_us)
         self._max_reads = spin.max_reads_for(self.cap_us)
         n, r = world_size, 2 + 2 * m
-        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+        f32, i64 = torch.float32, torch.int64
         z = dict(device=dev)
         self.row = torch.zeros(r, dtype=f32, **z)
         self.row[1:2 + m] = float("nan")
@@ -126,19 +126,8 @@ class DeviceEngine:
         self.stamps = torch.zeros(m, 3, dtype=i64, **z)
         self.clk = torch.zeros(2, dtype=i64, **z)
         self.usual = torch.full((m,), float("nan"), dtype=f32, **z)  # arrivals, for the deadline
-        self.red = {"valid": torch.zeros(n, dtype=i32, **z), "n_valid": torch.zeros(1, dtype=i32, **z),
-                    "site": torch.zeros(reduce.N_SITE_STATS, m, dtype=f32, **z),
-                    "straggler": torch.zeros(m, dtype=i32, **z),
-                    "median": torch.zeros(1, dtype=f32, **z)}
-        self.state = {"floor": torch.zeros(n, m, dtype=f32, **z),
-                      "calm": torch.zeros(n, m, dtype=i32, **z),
-                      "mean": torch.zeros(n, m, dtype=f32, **z),
-                      "var": torch.full((n, m), -1.0, dtype=f32, **z),
-                      "delay": torch.zeros(n, m, dtype=f32, **z),
-                      "active": torch.zeros(m, dtype=i32, **z),
-                      "above": torch.zeros(m, dtype=i32, **z),
-                      "below": torch.zeros(m, dtype=i32, **z),
-                      "counter": torch.zeros(update.COUNTER_LEN, dtype=i64, **z)}
+        self.red = reduce.outputs(n, m, dev)
+        self.state = update.new_state(1, m, dev)  # this rank's alone, as the host engine's
         self.ring_len = max(int(ring_len), 2 * COPY_EVERY)
         self.ring = torch.full((self.ring_len, update.record_len(n, m)), float("nan"), dtype=f32, **z)
         self.ring_step = torch.full((self.ring_len,), -1, dtype=i64, **z)
@@ -161,6 +150,13 @@ class DeviceEngine:
         self._step_events: list = []
         self._prev_end_event: Any = None
         self.generation = -1
+        # The hot path's launchers, bound to the buffers above: after their first call they
+        # skip Triton's JIT (kernels/launch.py).
+        self._enter = spin.enterer(self.state["delay"], self.usual, self.row, self.stamps,
+                                   self.clk, cap_us=self.cap_us, max_reads=self._max_reads)
+        self._exit = stamp.exit_stamper(self.row, self.stamps, self.clk)
+        self._update = update.updater(self.gathered, self.row, self.red, self.state, self.ring,
+                                      self.ring_step, self.params, rank=rank)
         self._new_step()
 
     # -- helpers ------------------------------------------------------------------------------
@@ -196,9 +192,7 @@ class DeviceEngine:
         if k < self.max_sites:
             if self._timed and not capturing:
                 self._step_events.append([self._event(), None])
-            self._k_spin.enter(self.state["delay"], self.usual, self.row, self.stamps, self.clk,
-                               k, delay_offset=self.rank * self.max_sites, cap_us=self.cap_us,
-                               max_reads=self._max_reads)
+            self._enter(k)
         return self.generation, k
 
     def exit(self, ticket: tuple[int, int]) -> None:
@@ -206,7 +200,7 @@ class DeviceEngine:
         if generation != self.generation or k >= self.max_sites:
             return  # an async collective that outlived its step, or a site past max_sites
         capturing = self._check_capture()
-        self._k_stamp.exit_stamp(self.row, self.stamps, self.clk, k)
+        self._exit(k)
         if self._timed and not capturing and k < len(self._step_events):
             self._step_events[k][1] = self._event()
 
@@ -271,8 +265,7 @@ class DeviceEngine:
         n = min(self.n_sites, self.max_sites)
         self._exchange()
         self._reduce(n)
-        self._k_update.update(self.gathered, self.row, self.red, self.state, self.ring,
-                              self.ring_step, self.params, n_sites=n, rank=self.rank)
+        self._update(n)
         if capturing:
             self._captured = True
             self._new_step()
@@ -308,8 +301,7 @@ class DeviceEngine:
     def _reduce(self, n: int) -> None:
         if self.device.type == "cuda":
             v = self._views()
-            self._k_reduce.reduce_rows(v["gathered"], v["valid"], v["n_valid"], v["site"],
-                                       v["straggler"], v["median"], n_sites=n,
+            self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n,
                                        stream_ptr=torch.cuda.current_stream().cuda_stream,
                                        device=self.device.index or 0)
         else:  # CPU tests: the NumPy twin, written into the same buffers
@@ -411,8 +403,8 @@ class DeviceEngine:
     # -- control ----------------------------------------------------------------------------
     def next_delays(self) -> np.ndarray:
         """This rank's delays for the next step (synchronises: not for the step loop)."""
-        n_state = int(self.state["counter"][2].item())
-        return self.state["delay"][self.rank, :max(n_state, 0)].double().cpu().numpy()
+        n_state = int(self.state["counter"][0, 2].item())
+        return self.state["delay"][0, :max(n_state, 0)].double().cpu().numpy()
 
     def warmup(self) -> None:
         """Compiles every kernel (Triton, CuPy NVRTC), makes every view and initialises the
@@ -433,7 +425,7 @@ class DeviceEngine:
         scratch.state["delay"] = zero  # no spin during warm-up
         for k in (0, 1 % self.max_sites):  # two sites: the site index is not specialised on
             self._k_spin.enter(zero, scratch.usual, scratch.row, scratch.stamps, scratch.clk, k,
-                               delay_offset=self.rank * self.max_sites, cap_us=self.cap_us)
+                               cap_us=self.cap_us)
             self._k_stamp.exit_stamp(scratch.row, scratch.stamps, scratch.clk, k)
         scratch._exchange()
         if self.device.type == "cuda":

@@ -51,6 +51,10 @@ def test_zero_host_syncs_per_step(nccl_group, figures):
         torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     figures["host_syncs_per_step"] = len(syncs) / steps
+    eng = pacer._engine  # after their first calls, the hot path's launches skip the JIT
+    figures["direct_launch"] = [eng._enter.hot.direct, eng._exit.hot.direct,
+                                eng._update.hot.direct]
+    assert all(figures["direct_launch"])
     assert not syncs, [str(w.message) for w in syncs[:3]]
     torch.cuda.set_sync_debug_mode("error")  # and the strict mode the issue names
     try:
@@ -79,7 +83,7 @@ def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
         pacer.warmup()  # on the stream the capture will use
     torch.cuda.current_stream().wait_stream(s)
     eng = pacer._engine
-    before = int(eng.state["counter"][0].item())
+    before = int(eng.state["counter"][0, 0].item())
     x.zero_()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -91,7 +95,7 @@ def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
         g.replay()
     torch.cuda.synchronize()
     assert x[0].item() == 50.0  # one rank: the all_reduce is the identity, the adds all ran
-    assert int(eng.state["counter"][0].item()) == before + 50  # the device step counter moved
+    assert int(eng.state["counter"][0, 0].item()) == before + 50  # the device step counter moved
     recs = eng.drain()
     assert len(recs) >= 40 and np.isfinite([r.step_time_us for r in recs[-10:]]).all()
 
@@ -170,13 +174,12 @@ def test_capture_once_replay_200_with_skew_delays_adapt(figures):
     figures["graph_replay_learned_delay_us"] = d
     # rank 0 arrives 300 us before the last; it is paced to about 300 - guard
     assert 250.0 <= d <= 300.0, d
-    # the last arrival (rank 1) waits for nobody; rank 2, 150 us early, learns about 150 - guard
-    assert float(eng.state["delay"][1, 0].item()) == 0.0
-    assert 100.0 <= float(eng.state["delay"][2, 0].item()) <= 150.0
     recs = eng.drain()
+    # the estimator, inside the replays: rank 0 300 us early, rank 1 last, rank 2 150 us early
+    np.testing.assert_allclose(recs[-1].earliness_us, [300.0, 0.0, 150.0], atol=5.0)
     assert recs[-1].delay_us[0] > 250.0  # the spin applied it inside the replays
     assert recs[-1].spread_us == pytest.approx(300.0, abs=5.0)
-    assert int(eng.state["counter"][0].item()) == 201
+    assert int(eng.state["counter"][0, 0].item()) == 201
 
 
 def test_ddp_hook_on_the_device_backend_trains_like_plain_ddp(nccl_group):

@@ -97,7 +97,8 @@ def random_rows(rng, n, m, n_sites, bad=True):
 
 @pytest.mark.cupy
 @pytest.mark.parametrize("n,m,n_sites", [(1, 1, 1), (2, 3, 2), (3, 7, 7), (17, 5, 3),
-                                         (300, 2, 1), (1000, 64, 64)])
+                                         (300, 2, 1), (1000, 64, 64), (4096, 4, 4),
+                                         (5000, 64, 33)])
 def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):
     import cupy
 
@@ -105,16 +106,16 @@ def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):
 
     rng = np.random.default_rng(n * 100 + m)
     g, *_ = random_rows(rng, n, m, n_sites)
+    if n > 3:  # ranks that counted other sites, or a corrupted count
+        g[1, 0], g[2, 0] = n_sites + 1, np.nan
     gt = torch.from_numpy(g).cuda()
-    out = {"valid": torch.full((n,), -5, dtype=torch.int32, device="cuda"),
-           "n_valid": torch.full((1,), -5, dtype=torch.int32, device="cuda"),
-           "site": torch.full((reduce.N_SITE_STATS, m), -5.0, device="cuda"),
-           "straggler": torch.full((m,), -5, dtype=torch.int32, device="cuda"),
-           "median": torch.full((1,), -5.0, device="cuda")}
-    v = {k: cupy.from_dlpack(t) for k, t in {"g": gt, **out}.items()}
-    reduce.reduce_rows(v["g"], v["valid"], v["n_valid"], v["site"], v["straggler"], v["median"],
-                       n_sites=n_sites, stream_ptr=torch.cuda.current_stream().cuda_stream)
+    out = {k: t.fill_(-5) for k, t in reduce.outputs(n, m, "cuda").items()}  # all written?
+    v = {k: cupy.from_dlpack(t) for k, t in out.items()}
+    reduce.reduce_rows(cupy.from_dlpack(gt), v, n_sites=n_sites,
+                       stream_ptr=torch.cuda.current_stream().cuda_stream)
     ref = reduce.reduce_reference(g, n_sites)
+    np.testing.assert_allclose(out["sums"].cpu().numpy(), ref["sums"], rtol=1e-5, atol=1e-3)
+    np.testing.assert_array_equal(out["counts"].cpu().numpy(), ref["counts"])
     np.testing.assert_array_equal(out["valid"].cpu().numpy(), ref["valid"])
     np.testing.assert_array_equal(out["n_valid"].cpu().numpy(), ref["n_valid"])
     np.testing.assert_array_equal(out["straggler"][:n_sites].cpu().numpy(), ref["straggler"][:n_sites])
@@ -132,15 +133,7 @@ def test_update_kernel_on_device_matches_policy(n, m, n_sites):
                      threshold_us=50.0, release_us=20.0, floor_rise=0.25)
     params = policy.PolicyParams.from_config(cfg, n)
     dev = "cuda"
-    state = {"floor": torch.zeros(n, m, device=dev),
-             "calm": torch.zeros(n, m, dtype=torch.int32, device=dev),
-             "mean": torch.zeros(n, m, device=dev),
-             "var": torch.full((n, m), -1.0, device=dev),
-             "delay": torch.zeros(n, m, device=dev),
-             "active": torch.zeros(m, dtype=torch.int32, device=dev),
-             "above": torch.zeros(m, dtype=torch.int32, device=dev),
-             "below": torch.zeros(m, dtype=torch.int32, device=dev),
-             "counter": torch.zeros(update.COUNTER_LEN, dtype=torch.int64, device=dev)}
+    state = update.new_state(n, m, dev)  # every rank, one program each
     ring = torch.zeros(8, update.record_len(n, m), device=dev)
     ring_step = torch.full((8,), -1, dtype=torch.int64, device=dev)
     row = torch.zeros(2 + 2 * m, device=dev)
@@ -157,7 +150,8 @@ def test_update_kernel_on_device_matches_policy(n, m, n_sites):
         ref, _ = policy.update(params, ref, w, d, st)
     np.testing.assert_allclose(state["floor"][:, :n_sites].cpu().numpy(), ref.floor, rtol=1e-4, atol=2e-3)
     np.testing.assert_allclose(state["delay"][:, :n_sites].cpu().numpy(), ref.delay, rtol=1e-4, atol=2e-3)
-    np.testing.assert_array_equal(state["active"][:n_sites].cpu().numpy().astype(bool), ref.active)
+    np.testing.assert_array_equal(state["active"][:, :n_sites].cpu().numpy().astype(bool),
+                                  np.broadcast_to(ref.active, (n, n_sites)))
     np.testing.assert_array_equal(state["calm"][:, :n_sites].cpu().numpy(), ref.calm)
 
 
