@@ -183,44 +183,24 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     """The timer's tick, and the spin-wait's error two ways. `spin_error_us`: the delay the
     spin wrote (its own %globaltimer) less the request; the spin stops on that clock, so this
     stays within a tick and a loop pass by construction: bookkeeping, not precision.
-    `spin_error_events_us`, the verdict's: each spin timed by CUDA events (the queue kept busy
-    before it, so the events time the GPU, not the host's launches), less the median time of
-    a zero-delay spin (the launch and the events' own cost), less the request. Events resolve
-    ~0.5 us, which this error includes."""
-    import torch
-
-    from gpupace.kernels import clock, spin
+    `spin_error_events_us`, the verdict's: `bench.gpu_common.timed_spins`, each spin timed by
+    CUDA events beside a zero-delay one of the same batch, after an untimed batch. (The first
+    run, 2026-11-30, timed its zero-delay spins in a batch of their own, first: a 1.6 ms
+    outlier there, and errors of -1.3 us.)"""
+    from bench.gpu_common import spin_event_error, timed_spins
+    from gpupace.kernels import clock
 
     fig["timer_tick_ns"] = float(np.median([clock.measure_tick() for _ in range(5)]))
-    reps = 100
-    d = torch.zeros(1, device="cuda")
-    applied = torch.zeros(reps, device="cuda")
-    reads = torch.zeros(reps, dtype=torch.int32, device="cuda")
-    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
-
-    def timed(req: float) -> tuple[np.ndarray, np.ndarray]:
-        d.fill_(req)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for r in range(reps):
-            torch.cuda._sleep(100 * CYCLES_PER_US)  # outlasts the next launches: GPU time
-            starts[r].record()
-            spin.spin(d, applied[r : r + 1], reads[r : r + 1], clk, cap_us=2000.0)
-            ends[r].record()
-        torch.cuda.synchronize()
-        wall = np.array([a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)])
-        return applied.cpu().numpy().astype(np.float64), wall
-
-    _, zero = timed(0.0)
-    fixed = float(np.median(zero))
-    fig["spin_zero_delay_kernel_us"] = quantiles(zero)
-    per, per_ev, all_err, all_ev = {}, {}, [], []
+    timed_spins(SPIN_DELAYS_US[0], 100, 2000.0)  # untimed: kernels loaded, the GPU's clocks up
+    per, per_ev, all_err, all_ev, zeros = {}, {}, [], [], []
     for req in SPIN_DELAYS_US:
-        got, wall = timed(req)
-        err, ev = got - req, wall - fixed - req
+        t = timed_spins(req, 100, 2000.0)
+        err, ev = t["applied"] - req, spin_event_error(t, req)
         per[str(req)], per_ev[str(req)] = quantiles(err), quantiles(ev)
         all_err.append(err)
         all_ev.append(ev)
+        zeros.append(t["zero"])
+    fig["spin_zero_delay_kernel_us"] = quantiles(np.concatenate(zeros))
     fig["spin_error_us"] = quantiles(np.concatenate(all_err)) | {"by_delay": per}
     fig["spin_error_events_us"] = quantiles(np.concatenate(all_ev)) | {"by_delay": per_ev}
     fig["spin_error_events_abs_p99_us"] = float(np.percentile(np.abs(np.concatenate(all_ev)), 99))
@@ -266,7 +246,10 @@ def _nccl_group():
 def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> None:
     """Added time per paced collective: paced minus plain steps, divided by the sites per step.
     Eager: host wall-clock per step with a sync at the end of each window (launch-bound, as
-    a training loop of small collectives is). Graph: CUDA events around replays."""
+    a training loop of small collectives is). Graph: CUDA events around replays. On one rank
+    the plain graph came out empty on the H200 (torch warned so; 0.01 us a replay): the
+    in-place all_reduce of one rank launched nothing there, so the paced graph's time is what
+    pacing adds, its exchange's copy included."""
     import torch
     import torch.distributed as dist
 

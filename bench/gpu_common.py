@@ -163,3 +163,42 @@ def nccl_world1() -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
+
+
+def timed_spins(req_us: float, reps: int, cap_us: float) -> dict[str, np.ndarray]:
+    """`reps` spin-waits of `req_us`, each run right after a zero-delay spin, both timed by
+    CUDA events, behind a sleep that outlasts their launches (GPU time, not the host's):
+    "applied" (the delay the spin wrote, from the clock it stops on), "wall" (its kernel time)
+    and "zero" (the zero-delay spin's). The error the spin benchmarks judge is wall - median
+    zero - request: the zero-delay spins of the same batch carry the launch and the events'
+    own cost at the GPU's clocks of the moment. Call it once untimed first (kernels loaded,
+    clocks up)."""
+    import torch
+
+    from gpupace.kernels import spin
+
+    # Rows of 16 bytes: every launch sees the same pointer alignment (no recompiles).
+    d = torch.zeros(2, 4, device="cuda")
+    d[1, 0] = req_us
+    applied = torch.zeros(reps, 4, device="cuda")
+    scratch = torch.zeros(4, device="cuda")
+    reads = torch.zeros(reps, 4, dtype=torch.int32, device="cuda")
+    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
+    ev = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(reps)]
+    for r in range(reps):
+        torch.cuda._sleep(200 * CYCLES_PER_US)
+        ev[r][0].record()
+        spin.spin(d[0], scratch, reads[r], clk, cap_us=cap_us)
+        ev[r][1].record()
+        spin.spin(d[1], applied[r], reads[r], clk, cap_us=cap_us)
+        ev[r][2].record()
+    torch.cuda.synchronize()
+    return {"applied": applied[:, 0].double().cpu().numpy(),
+            "wall": np.array([b.elapsed_time(c) * 1e3 for _, b, c in ev]),
+            "zero": np.array([a.elapsed_time(b) * 1e3 for a, b, _ in ev])}
+
+
+def spin_event_error(t: dict[str, np.ndarray], req_us: float) -> np.ndarray:
+    """The spin's error by events from `timed_spins`' figures (us)."""
+    return t["wall"] - float(np.median(t["zero"])) - req_us
+

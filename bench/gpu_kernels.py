@@ -97,57 +97,34 @@ def bench_spin(h: Harness) -> None:
     if why:
         h.skip("spin", why)
         return
-    import torch
-
-    from gpupace.kernels import spin
-
-    dev = torch.device("cuda", torch.cuda.current_device())
     reps = 20 if h.quick else 200
     cap = 2 * max(SPIN_REQUESTS_US)
-    delay = torch.zeros(4, dtype=torch.float32, device=dev)
-    # One 16-byte row per repeat: every launch sees the same pointer alignment (no recompiles).
-    applied = torch.zeros(reps, 4, dtype=torch.float32, device=dev)
-    reads = torch.zeros(reps, 4, dtype=torch.int32, device=dev)
-    clk = torch.zeros(2, dtype=torch.int64, device=dev)
-    kw = _kw(spin.spin, cap_us=cap)
     table: dict[float, dict[str, np.ndarray]] = {}
     with gc.side_stream():
-        spin.spin(delay, applied[0], reads[0], clk, **kw)
+        gc.timed_spins(1.0, reps, cap)  # untimed: kernels loaded, the GPU's clocks up
         for req in SPIN_REQUESTS_US:
-            delay.fill_(req)
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-            for i in range(reps):
-                torch.cuda._sleep(100 * gc.CYCLES_PER_US)  # the queue is busy: events time the GPU
-                starts[i].record()
-                spin.spin(delay, applied[i], reads[i], clk, **kw)
-                ends[i].record()
-            torch.cuda.synchronize()
-            wall = np.array([a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)])
-            got = applied[:, 0].double().cpu().numpy()
-            table[req] = {"applied": got, "wall": wall}
+            t = table[req] = gc.timed_spins(req, reps, cap)
             case = {"requested_us": req}
-            h.record("spin", {**case, "what": "applied (device clock)"}, got)
-            h.record("spin", {**case, "what": "kernel time (events)"}, wall)
-            h.record("spin", {**case, "what": "error applied-requested"}, got - req)
+            h.record("spin", {**case, "what": "applied (device clock)"}, t["applied"])
+            h.record("spin", {**case, "what": "kernel time (events)"}, t["wall"])
+            h.record("spin", {**case, "what": "error applied-requested"}, t["applied"] - req)
     tick_us = float(h.extras.get("timer_tick_ns", float("nan"))) * 1e-3
     # Judged on the events: the applied delay comes from the clock the spin stops on, so its
-    # error stays within a tick by construction. Kernel time less a zero-delay spin's (the
-    # launch and the events' own cost) less the request; events resolve ~0.5 us.
-    fixed = float(np.median(table[0.0]["wall"]))
+    # error stays within a tick by construction. Kernel time less the zero-delay spins' of the
+    # same batch (the launch and the events' own cost) less the request.
     for req, t in table.items():
-        h.record("spin", {"requested_us": req, "what": "error by events"}, t["wall"] - fixed - req)
-    worst = max(
-        float(np.percentile(np.abs(t["wall"] - fixed - r), 99)) for r, t in table.items() if r > 0
-    )
+        h.record("spin", {"requested_us": req, "what": "error by events"},
+                 gc.spin_event_error(t, req))
+    worst = max(float(np.percentile(np.abs(gc.spin_event_error(t, r)), 99))
+                for r, t in table.items() if r > 0)
     limit = (tick_us if np.isfinite(tick_us) else 1.0) + 1.0
     h.check(
         "spin-wait error p99, 1 to 1000 us (worst request), timed by CUDA events",
         worst,
         limit,
         "us",
-        detail="limit: one timer tick + 1 us; error: kernel time less a zero-delay spin's, "
-        "less the request" + ("" if np.isfinite(tick_us) else " (tick unknown: taken as 1 us)"),
+        detail="limit: one timer tick + 1 us; error: kernel time less the same batch's "
+        "zero-delay spins', less the request" + ("" if np.isfinite(tick_us) else " (tick unknown: taken as 1 us)"),
     )
     h.extras["spin"] = {
         str(r): {k: float(np.median(v)) for k, v in t.items()} for r, t in table.items()
@@ -210,13 +187,6 @@ def bench_update(h: Harness) -> None:
     from gpupace.backends.device import DeviceEngine
     from gpupace.kernels import reduce, update
 
-    # The launcher's buffers, in its order (gathered, then the engine's reduction outputs):
-    # the list grew while this suite was written (a median was added), so read it.
-    buffer_names = [
-        p.name
-        for p in inspect.signature(reduce.reduce_rows).parameters.values()
-        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-    ]
     worlds = [2, 64, 4096] if h.quick else UPDATE_WORLDS
     inner, reps = (10, 20) if h.quick else (20, 100)
     summary: dict[str, dict[str, float]] = {}
@@ -227,20 +197,13 @@ def bench_update(h: Harness) -> None:
             # needed to make them (world size n, this process plays rank 0).
             eng = DeviceEngine(PaceConfig(mode="pace"), None, 0, n)
             eng.gathered.copy_(torch.from_numpy(_gathered(n, UPDATE_SITES, eng.max_sites)))
-            views = {
-                k: cupy.from_dlpack(v) for k, v in {"gathered": eng.gathered, **eng.red}.items()
-            }
-            absent = [k for k in buffer_names if k not in views]
-            if absent:
-                h.skip("update", f"reduce_rows takes {absent}, which DeviceEngine.red lacks")
-                return
+            views = {k: cupy.from_dlpack(v) for k, v in eng.red.items()}
+            gathered = cupy.from_dlpack(eng.gathered)
             dev_index = eng.device.index or 0
             reduce.warmup(stream_ptr, dev_index)
 
-            bufs = [views[k] for k in buffer_names]
-
-            def red(b=bufs, d=dev_index) -> None:
-                reduce.reduce_rows(*b, n_sites=UPDATE_SITES, stream_ptr=stream_ptr, device=d)
+            def red(v=views, g=gathered, d=dev_index) -> None:
+                reduce.reduce_rows(g, v, n_sites=UPDATE_SITES, stream_ptr=stream_ptr, device=d)
 
             def upd(e=eng) -> None:
                 update.update(
