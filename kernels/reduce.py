@@ -6,8 +6,9 @@ delays; the range of the site counts; the median step time.
 One NVRTC-compiled kernel (`_reduce_kernel`), one block of 256 to 1024 threads (more for more
 ranks): phase 1 gives each thread whole rows, marks each valid (every w and d finite, >= 0 and
 < ABSURD_US, as `gpupace.policy.update` does) and sums them; the median sorts the step times in
-shared memory; phase 2 gives each site a group of warps (all of them when there is one site)
-that reduce over ranks with warp shuffles and meet in shared memory. It is launched on torch's
+shared memory; phase 2 gives each site a warp, or a group of warps where its ranks fill more
+(all of them for one site of a thousand ranks), that reduce over ranks with warp shuffles and
+meet in shared memory. It is launched on torch's
 current stream through CuPy's view of it, into preallocated outputs, so it can be captured in a
 CUDA graph once `warmup` has compiled it. `reduce_reference` is its NumPy twin (float32, same tie
 rule: the lowest rank wins an argmin), which CPU tests check against the policy and GPU tests
@@ -112,16 +113,20 @@ extern "C" __global__ void gpupace_reduce(
     const int c = n_known;
     median[0] = c > 0 ? (sorted[(c - 1) / 2] + sorted[c / 2]) * 0.5f : nan;
   }
-  // Phase 2: `groups` sites at a time, `per` warps a site; warp partials meet in shared memory.
-  const int groups = max(1, min(n_warps, n_sites)), per = n_warps / groups;
+  // Phase 2: `groups` sites at a time, `per` warps a site (as many as its ranks fill, while
+  // every site of a round gets as many); one warp a site writes its result itself, several
+  // meet in shared memory.
+  const int fill = max(1, min(n_warps, n_sites));
+  const int per = max(1, min(n_warps / fill, (n_ranks + 31) / 32));
+  const int groups = n_warps / per;
   const int gi = warp / per, sub = warp % per;
   const bool two = nv >= 2;
   for (int s0 = 0; s0 < n_sites; s0 += groups) {  // the same trip count for every thread
     const int s = s0 + gi;
     const bool mine_site = gi < groups && s < n_sites;
+    float amin = inf, amax = -inf, wmin = inf, wmax = -inf, asum = 0.f;
+    int arg = 0x7fffffff;
     if (mine_site) {
-      float amin = inf, amax = -inf, wmin = inf, wmax = -inf, asum = 0.f;
-      int arg = 0x7fffffff;
       for (int i = sub * 32 + lane; i < n_ranks; i += per * 32) {
         if (!valid[i]) continue;
         const float* r = g + (long long)i * row_len;
@@ -137,21 +142,23 @@ extern "C" __global__ void gpupace_reduce(
         wmax = fmaxf(wmax, __shfl_down_sync(0xffffffffu, wmax, o));
         asum += __shfl_down_sync(0xffffffffu, asum, o);
       }
-      if (lane == 0) {
+    }
+    if (per > 1) {  // the same for every thread: the barriers are reached by all or none
+      if (mine_site && lane == 0) {
         part_amin[warp] = amin; part_arg[warp] = arg; part_amax[warp] = amax;
         part_wmin[warp] = wmin; part_wmax[warp] = wmax; part_sum[warp] = asum;
       }
-    }
-    __syncthreads();
-    if (mine_site && sub == 0 && lane == 0) {
-      float amin = part_amin[warp], amax = part_amax[warp], wmin = part_wmin[warp];
-      float wmax = part_wmax[warp], asum = part_sum[warp];
-      int arg = part_arg[warp];
-      for (int w = warp + 1; w < warp + per; ++w) {
-        keep_min(amin, arg, part_amin[w], part_arg[w]);
-        amax = fmaxf(amax, part_amax[w]); wmin = fminf(wmin, part_wmin[w]);
-        wmax = fmaxf(wmax, part_wmax[w]); asum += part_sum[w];
+      __syncthreads();
+      if (mine_site && sub == 0 && lane == 0) {
+        for (int w = warp + 1; w < warp + per; ++w) {
+          keep_min(amin, arg, part_amin[w], part_arg[w]);
+          amax = fmaxf(amax, part_amax[w]); wmin = fminf(wmin, part_wmin[w]);
+          wmax = fmaxf(wmax, part_wmax[w]); asum += part_sum[w];
+        }
       }
+      __syncthreads();  // the partials are read before the next sites overwrite them
+    }
+    if (mine_site && sub == 0 && lane == 0) {
       site[0 * max_sites + s] = two ? amin : nan;
       site[1 * max_sites + s] = two ? amax - amin : nan;
       site[2 * max_sites + s] = nv >= 1 ? wmin : nan;
@@ -159,7 +166,6 @@ extern "C" __global__ void gpupace_reduce(
       site[4 * max_sites + s] = two ? asum / (float)nv - amin : nan;
       straggler[s] = two ? arg : -1;
     }
-    __syncthreads();  // the partials are read before the next sites overwrite them
   }
 }
 """

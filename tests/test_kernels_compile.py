@@ -1,7 +1,8 @@
 """Every Triton kernel compiled for Hopper (sm_90, the H200), on the CPU: the interpreter runs
 the kernels' arithmetic but never their compiled path (the `%globaltimer` inline asm, the
 types Triton infers, the launch shapes), which otherwise first meets a compiler on a lent GPU.
-Triton compiles for a named target without a GPU and with its own ptxas (~9 s for all).
+Triton compiles for a named target without a GPU and with its own ptxas (~9 s for all). The
+CuPy reduction's CUDA source goes through nvcc where one is installed.
 
 It binds the arguments as `JITFunction.run` does (Triton 3.6 and 3.9 checked); with a Triton
 whose internals differ it skips, naming what is missing, rather than fail for that reason.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -111,3 +115,23 @@ def test_update_kernel_compiles_for_hopper(hopper, n, own):
     assert kernel.metadata.num_warps == meta["num_warps"]
     # no local memory: nothing spilled, no register array indexed at run time
     assert ".local" not in kernel.asm["ptx"], "the update kernel spills"
+
+
+def test_cupy_reduction_compiles_for_hopper(tmp_path):
+    """The CuPy reduction's CUDA source through nvcc for sm_90, where nvcc is installed (CuPy
+    compiles it with NVRTC on the GPU, at warm-up): it must build, spill nothing, and fit 1024
+    threads a block in the 64K registers of an SM."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    from gpupace.kernels.reduce import _SOURCE
+
+    src = tmp_path / "reduce.cu"
+    src.write_text(_SOURCE)
+    out = subprocess.run([nvcc, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o",
+                          str(tmp_path / "reduce.cubin"), str(src)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "0 bytes spill stores" in out.stderr, out.stderr
+    regs = int(re.search(r"Used (\d+) registers", out.stderr).group(1))
+    assert regs * 1024 <= 65536, regs

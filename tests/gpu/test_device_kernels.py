@@ -98,7 +98,7 @@ def random_rows(rng, n, m, n_sites, bad=True):
 @pytest.mark.cupy
 @pytest.mark.parametrize("n,m,n_sites", [(1, 1, 1), (2, 3, 2), (3, 7, 7), (17, 5, 3),
                                          (300, 2, 1), (1000, 64, 64), (4096, 4, 4),
-                                         (5000, 64, 33)])
+                                         (5000, 64, 33), (600, 8, 3)])
 def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):
     import cupy
 
