@@ -145,8 +145,7 @@ def machine() -> dict[str, Any]:
         info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     except Exception:
         pass
-    # The GPU machine's copy has no .git: the command passes the commit it was made from.
-    info["commit"] = git_state()[0] or os.environ.get("GPUPACE_COMMIT") or None
+    info["commit"] = git_state()[0] or None  # GPUPACE_COMMIT first: see git_state
     try:
         from gpupace import doctor
 

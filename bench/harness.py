@@ -151,8 +151,14 @@ def library_versions() -> dict[str, str]:
 def git_state() -> tuple[str, list[str]]:
     """The checkout's commit and the files of the library and the benchmarks (gpupace/,
     kernels/, bench/) that differ from it, so a result can be traced to the code that
-    measured it; ("", []) outside a git checkout."""
+    measured it; ("", []) outside a git checkout. `GPUPACE_COMMIT`, where set, names the
+    commit instead: the lent GPU machine's copy of the tree carries the .git of the session's
+    first commit, not of the tree it was sent."""
+    import os
     import subprocess
+
+    if os.environ.get("GPUPACE_COMMIT"):
+        return os.environ["GPUPACE_COMMIT"], []
 
     root = Path(__file__).resolve().parent.parent
     try:

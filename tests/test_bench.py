@@ -212,3 +212,14 @@ def test_report_load_script_times_both_commands(tmp_path):
         ("load_runs", "time"), ("load_runs", "peak RSS"),
         ("gpupace report", "time"), ("gpupace report", "peak RSS")}
     assert all(r["n"] == 1 and r["p50"] > 0 for r in rows)
+
+
+def test_git_state_takes_the_commit_it_is_given(monkeypatch):
+    """The lent GPU machine's copy carries a stale .git: the device command names the commit."""
+    from bench.harness import git_state
+
+    monkeypatch.setenv("GPUPACE_COMMIT", "0123abc")
+    assert git_state() == ("0123abc", [])
+    monkeypatch.delenv("GPUPACE_COMMIT")
+    sha, _ = git_state()
+    assert sha and sha != "0123abc"
