@@ -1,15 +1,15 @@
-"""GPU benchmarks of the kernels alone (`gpupace.kernels`): the stamp and the two fused site
-kernels, the spin-wait's precision (requested against applied, 0 to 1000 us), and the per-step
-update kernel with the CuPy reduction at world sizes 2 to 4096.
+"""GPU benchmarks of the kernels alone (`gpupace.kernels`): the stamp, the two site kernels and
+the row's once-a-step finish, the spin-wait's precision (requested against applied, 0 to
+1000 us), and the per-step update kernel with the CuPy reduction at world sizes 2 to 4096.
 
 Kernel buffers are made the way the device engine makes them (`gpupace.backends.device`); the
-launchers are called directly, so these rows are the kernels' own cost, without the engine's
-Python bookkeeping (`gpu_collective` measures the whole paced collective).
+engine's launchers are called directly (after their first call they skip Triton's JIT), so
+these rows are the kernels' own cost, without the engine's Python bookkeeping
+(`gpu_collective` measures the whole paced collective).
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
@@ -21,13 +21,6 @@ SPIN_REQUESTS_US = [0.0, 1.0, 10.0, 100.0, 1000.0]
 UPDATE_WORLDS = [2, 8, 64, 512, 4096]
 UPDATE_SITES = 4
 MAX_SITES = 64  # PaceConfig's default max_sites: the row layout the engine uses
-
-
-def _kw(fn: Any, **kwargs: Any) -> dict[str, Any]:
-    """The keyword arguments `fn` accepts (launcher signatures gained options while this suite
-    was written; pass only those that exist)."""
-    params = inspect.signature(fn).parameters
-    return {k: v for k, v in kwargs.items() if k in params}
 
 
 def _three_ways(
@@ -49,8 +42,9 @@ def bench_stamp(h: Harness) -> None:
         "cuda",
         "triton",
         "gpupace.kernels.stamp:stamp",
-        "gpupace.kernels.stamp:exit_stamp",
-        "gpupace.kernels.spin:enter",
+        "gpupace.kernels.stamp:exit_stamper",
+        "gpupace.kernels.stamp:row_finisher",
+        "gpupace.kernels.spin:enterer",
     )
     if why:
         h.skip("stamp", why)
@@ -67,12 +61,14 @@ def bench_stamp(h: Harness) -> None:
     out = torch.zeros(64, dtype=torch.int64, device=dev)
     delay = torch.zeros(m, dtype=torch.float32, device=dev)  # zero delay: the fused kernel's floor
     usual = torch.full((m,), float("nan"), dtype=torch.float32, device=dev)
-    enter_kw = _kw(spin.enter, delay_offset=0, cap_us=50_000.0)
+    # The engine's launchers (after their first call, no JIT): what a paced step pays.
+    enter = spin.enterer(delay, usual, row, stamps, clk, cap_us=50_000.0)
+    leave = stamp.exit_stamper(row, stamps, clk)
     kernels = {
         "stamp": lambda: stamp.stamp(out, 0, clk),
-        "enter (arrive+spin(0)+enter)": lambda: spin.enter(delay, usual, row, stamps, clk, 0,
-                                                           **enter_kw),
-        "exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, 0),
+        "enter (arrive+spin(0)+enter)": lambda: enter(0),
+        "exit_stamp": lambda: leave(0),
+        "finish_row (once a step)": stamp.row_finisher(row, stamps, clk),
     }
     inner, reps = (20, 20) if h.quick else (50, 100)
     summary = {}

@@ -41,8 +41,9 @@ class ClusterResults:
 class VirtualCluster:
     """N ranks as N streams on one GPU. `step(skew_us)` runs one training step: per rank a
     compute stand-in (a one-warp spin of `skew_us[i]`), then for each site enter (arrive stamp,
-    paced delay, enter stamp), the barrier, the exit stamp; then the exchange (the rows already
-    sit in one matrix), the CuPy reduction and the Triton update, as on a real rank."""
+    paced delay, enter stamp), the barrier, the exit stamp; then each rank's row from its
+    stamps, the exchange (the rows already sit in one matrix), the CuPy reduction and the Triton
+    update, as on a real rank."""
 
     def __init__(self, n_ranks: int, config: PaceConfig | None = None, *, n_sites: int = 1,
                  ctas: int = 1, timeout_us: float = 200_000.0, max_steps: int = 1024,
@@ -137,6 +138,9 @@ class VirtualCluster:
             for i, s in ranks:
                 with torch.cuda.stream(s):
                     k["stamp"].exit_stamp(self.gathered[i], self.stamps[i], self.clk[i], site)
+        for i, s in ranks:  # each rank's row from its stamps, as a rank's step() begins
+            with torch.cuda.stream(s):
+                k["stamp"].finish_row(self.gathered[i], self.stamps[i], self.clk[i])
         done = [s.record_event() for s in self.streams]
         for ev in done:
             main.wait_event(ev)

@@ -5,7 +5,8 @@ launch of the exit stamp on the H200 machine of 2026-11-30 (Triton 3.6), against
 through the compiled kernel's own launcher and 6.3 us for a one-element torch add
 (`bench/launch_cost.py`); the update kernel, 40 arguments, took 42 us through the JIT there.
 
-`Hot` fixes every argument of a launch but one, which the kernel declares `do_not_specialize`.
+`Hot` fixes every argument of a launch but one at most, which the kernel declares
+`do_not_specialize`.
 Its first call goes through the JIT, which compiles (or finds) the variant these arguments
 select. Nothing that selects a variant can change afterwards (the same tensors, the same
 values, the free argument unspecialised), so later calls go straight to that compiled kernel's
@@ -31,9 +32,10 @@ def _current_stream(device: int) -> int:
 
 
 class Hot:
-    """`fn[grid](*args, **meta)` with `args[free]` given at each call."""
+    """`fn[grid](*args, **meta)` with `args[free]` given at each call (none when `free` is
+    None)."""
 
-    def __init__(self, fn: Any, grid: tuple[int, ...], args: list[Any], free: int,
+    def __init__(self, fn: Any, grid: tuple[int, ...], args: list[Any], free: int | None,
                  meta: dict[str, Any]):
         self._fn, self._grid, self._args, self._free, self._meta = fn, grid, list(args), free, meta
         self._runner: Any = None
@@ -41,9 +43,11 @@ class Hot:
                              and a.device.type == "cuda"), None)
         self._direct = _direct_wanted() and self._device is not None
 
-    def __call__(self, value: Any) -> None:
-        args = self._args.copy()
-        args[self._free] = value
+    def __call__(self, value: Any = None) -> None:
+        args = self._args
+        if self._free is not None:
+            args = args.copy()
+            args[self._free] = value
         if self._runner is not None:
             self._runner(*args, stream=_current_stream(self._device))
             return

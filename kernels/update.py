@@ -76,6 +76,12 @@ def _hi(a, b):
     return tl.maximum(a, b)
 
 
+@triton.jit
+def _pick(v, sm, s):
+    """v[s] of a vector over the sites already in registers: no dependent load."""
+    return tl.reduce(tl.where(sm == s, v, 0), 0, _add)
+
+
 # HACK: reductions through tl.reduce with combine functions of this module, not tl.sum/min/max:
 # those are @jit functions of triton.language.standard, which the interpreter can run only if
 # triton itself was imported under TRITON_INTERPRET=1, and tests set it after other tests
@@ -143,6 +149,8 @@ def _update_kernel(
     earliest = tl.load(site_ptr + sm, mask=on, other=0.0)
     spread = tl.load(site_ptr + max_sites + sm, mask=on, other=float("nan"))
     strag = tl.load(strag_ptr + sm, mask=on, other=-1)
+    transfer = tl.load(site_ptr + 2 * max_sites + sm, mask=on, other=float("nan"))  # record only
+    residual = tl.load(site_ptr + 3 * max_sites + sm, mask=on, other=float("nan"))
     e = tl.where(valid & two, (w + d) - earliest, 0.0)
 
     f = tl.where(fresh, 0.0, tl.load(floor_ptr + st_off, mask=on, other=0.0))
@@ -209,10 +217,10 @@ def _update_kernel(
         rec = ring_ptr + slot.to(tl.int64) * rec_len
         tl.store(rec + _OK, agree.to(tl.float32))
         tl.store(rec + _STEP_TIME, tl.load(mine + 1))
-        tl.store(rec + _SPREAD, tl.load(site_ptr + max_sites + best_s))
-        tl.store(rec + _RESIDUAL, tl.load(site_ptr + 3 * max_sites + best_s))
-        tl.store(rec + _TRANSFER, tl.load(site_ptr + 2 * max_sites + best_s))
-        tl.store(rec + _STRAGGLER, tl.load(strag_ptr + best_s).to(tl.float32))
+        tl.store(rec + _SPREAD, _pick(spread, sm, best_s))
+        tl.store(rec + _RESIDUAL, _pick(residual, sm, best_s))
+        tl.store(rec + _TRANSFER, _pick(transfer, sm, best_s))
+        tl.store(rec + _STRAGGLER, _pick(strag, sm, best_s).to(tl.float32))
         tl.store(rec + _ACTIVE, any_active.to(tl.float32))
         tl.store(rec + _SITE, best_s.to(tl.float32))
         tl.store(rec + _CAP, cap)
@@ -222,7 +230,7 @@ def _update_kernel(
         # as the host's make_record: 0 would tie with the last arrival), the sums of waits
         # and delays, the step time.
         use = (n_sites > 0) & two
-        at_best = tl.load(site_ptr + best_s)
+        at_best = _pick(earliest, sm, best_s)
         for r0 in range(0, n_ranks, BLOCK_N):
             rn = r0 + tl.arange(0, BLOCK_N)
             rmask = rn < n_ranks

@@ -100,16 +100,22 @@ def test_enter_and_exit_bookkeeping(k, m):
         clk[1] = t
         k["stamp"].exit_stamp(row, stamps, clk, site)
         assert stamps[site, 2] == t
-        assert row[2 + site] == pytest.approx(250.0 + site)
         assert row[0] == site + 1
+        assert math.isnan(row[2 + site])  # the waits come with the row, once a step
+    k["stamp"].finish_row(row, stamps, clk)
+    for site in range(m):
+        assert row[2 + site] == pytest.approx(250.0 + site)
     assert math.isnan(row[1])  # first step: no previous exit of site 0
     first_exit = int(stamps[0, 2])
     assert clk[0] == first_exit
+    row[2:2 + m] = float("nan")  # the update kernel's reset
     clk[1] = first_exit + 3_000_000  # next step: site 0 exits 3 ms after the last time
     k["spin"].enter(torch.zeros(3, m), usual, row, stamps, clk, 0, delay_offset=m, cap_us=100.0)
     k["stamp"].exit_stamp(row, stamps, clk, 0)
+    k["stamp"].finish_row(row, stamps, clk)
     assert row[1] == pytest.approx(3000.0)
     assert row[0] == 1
+    assert row[2] == pytest.approx(0.0) and torch.isnan(row[3:2 + m]).all()  # site 0 alone
     assert float(usual[0]) == pytest.approx(3000.0, rel=1e-6)  # the first known arrival
     assert usual[1:].isnan().all()
 
@@ -134,6 +140,7 @@ def test_enter_applies_the_delay_as_a_deadline_like_the_policy(k, arrivals):
         assert stamps[0, 1] - t0 == round(want * 1000)
         clk[1] = int(clk[1]) + 50_000
         k["stamp"].exit_stamp(row, stamps, clk, 0)
+        k["stamp"].finish_row(row, stamps, clk)
         ref = int(clk[0])
     assert mean == pytest.approx(1100.0, abs=200)  # it followed the arrivals
 

@@ -95,6 +95,10 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
         # The clock is the inline asm: in the PTX, not folded away or left to the interpreter.
         assert "%globaltimer" in kernel.asm["ptx"], name
         assert kernel.asm.get("cubin"), name  # ptxas ran: the PTX is valid for sm_90
+    # The exit stamp reads nothing from memory (a load's round trip was a third of its time).
+    assert "ld.global" not in compiled["exit"].asm["ptx"]
+    finish = compile(k["stamp"]._finish_kernel, row, stamps, clk, M, 16, num_warps=1)
+    assert finish.asm.get("cubin")
 
 
 @pytest.mark.parametrize("n,own", [(1, 1), (3, 3), (4096, 1)])

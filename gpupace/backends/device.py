@@ -1,11 +1,12 @@
 """The device backend: the whole measure -> decide -> delay loop on the GPU, with no host sync.
 
 Per paced collective: `kernels.spin.enter` (arrive stamp, spin for this rank's delay, enter
-stamp) -> the collective -> `kernels.stamp.exit_stamp` (wait, step time, site count); an async
+stamp) -> the collective -> `kernels.stamp.exit_stamp` (exit stamp, site count); an async
 collective's on the engine's pacing stream, forked from the stream that issues it (`issue`), so
-that the spin delays the collective and not the compute queued after it. Once per step: one
-all_gather of the timing rows -> the CuPy reduction -> the fused Triton update (floors,
-hysteresis, next delays, telemetry ring, step counter). Everything lives in buffers made in the
+that the spin delays the collective and not the compute queued after it. Once per step: the
+row from the stamps (`kernels.stamp.finish_row`: waits, step time) -> one all_gather of the
+rows -> the CuPy reduction -> the fused Triton update (floors, hysteresis, next delays,
+telemetry ring, step counter). Everything lives in buffers made in the
 constructor, so a paced step can be captured in a CUDA graph after `warmup()`; replays then
 adapt the delays with no host involvement.
 
@@ -155,6 +156,7 @@ class DeviceEngine:
         self._enter = spin.enterer(self.state["delay"], self.usual, self.row, self.stamps,
                                    self.clk, cap_us=self.cap_us, max_reads=self._max_reads)
         self._exit = stamp.exit_stamper(self.row, self.stamps, self.clk)
+        self._finish = stamp.row_finisher(self.row, self.stamps, self.clk)
         self._update = update.updater(self.gathered, self.row, self.red, self.state, self.ring,
                                       self.ring_step, self.params, rank=rank)
         self._new_step()
@@ -263,6 +265,7 @@ class DeviceEngine:
         capturing = self._check_capture()
         self._join()  # the step's exit stamps, from the pacing stream
         n = min(self.n_sites, self.max_sites)
+        self._finish()  # the row's waits and step time, from the step's stamps
         self._exchange()
         self._reduce(n)
         self._update(n)
@@ -427,6 +430,7 @@ class DeviceEngine:
             self._k_spin.enter(zero, scratch.usual, scratch.row, scratch.stamps, scratch.clk, k,
                                cap_us=self.cap_us)
             self._k_stamp.exit_stamp(scratch.row, scratch.stamps, scratch.clk, k)
+        self._k_stamp.finish_row(scratch.row, scratch.stamps, scratch.clk)
         scratch._exchange()
         if self.device.type == "cuda":
             self._k_reduce.warmup(torch.cuda.current_stream().cuda_stream, self.device.index or 0)

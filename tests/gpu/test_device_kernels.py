@@ -167,8 +167,11 @@ def test_enter_exit_on_device():
         spin.enter(delay, torch.full((m,), float("nan"), device="cuda"), row, stamps, clk, site,
                    delay_offset=m, cap_us=100.0)
         stamp.exit_stamp(row, stamps, clk, site)
+    stamp.finish_row(row, stamps, clk)
     s, r = stamps.cpu().numpy(), row.cpu().numpy()
     assert (s[:, 1] >= s[:, 0]).all() and (s[:, 2] >= s[:, 1]).all()
     np.testing.assert_allclose(r[2 + m:], (s[:, 1] - s[:, 0]) / 1e3, rtol=1e-5)
+    np.testing.assert_allclose(r[2:2 + m], (s[:, 2] - s[:, 1]) / 1e3, rtol=1e-5)  # the waits
+    assert clk[0].item() == s[0, 2]
     assert r[2 + m] >= 20.0 and r[2 + m + 2] >= 40.0
     assert r[0] == m and np.isnan(r[1])
