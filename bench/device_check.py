@@ -12,9 +12,9 @@ GPU tests record (virtual-cluster spread error, spin coupling, learned delay); a
 machine's CPU, the host backend's policy update at 4096 ranks x 4 sites; and, in a process of
 its own, the host time of one Triton launch through the JIT against a direct launch of the
 compiled kernel (`bench/launch_cost.py`). The benchmark suite of `python -m bench --suite gpu
---quick` runs too when it is there; its files are packed into one tar. Targets on an H200 (graph <= 3 us, eager <= 15 us per paced collective, spin
-error p99 <= tick + 1 us, zero syncs) are compared, never assumed: until this has run on a GPU
-they are not yet measured on a GPU.
+--quick` runs too when it is there; its files are packed into one tar. Targets on an H200
+(graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
+syncs) are compared, never assumed; the README has what the runs of 2026-11-30 measured.
 
 Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 300 s),
 each phase gets what is left of it, the GPU tests and the suite run as subprocesses killed at
