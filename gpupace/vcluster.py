@@ -34,6 +34,7 @@ class ClusterResults:
     est_spread: np.ndarray  # [steps, sites]
     true_entry_spread: np.ndarray  # [steps, sites]
     exit_spread: np.ndarray  # [steps, sites]
+    n_valid: np.ndarray  # [steps]: rows the reduction found usable (a negative wait is not)
     delay: np.ndarray  # [steps, ranks, sites]
     timed_out: bool
 
@@ -93,6 +94,7 @@ class VirtualCluster:
         self.enter_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
         self.exit_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)
         self.est_hist = torch.zeros(max_steps, n_sites, dtype=f32, device=dev)
+        self.valid_hist = torch.zeros(max_steps, dtype=i32, device=dev)
         self.delay_hist = torch.zeros(max_steps, n, n_sites, dtype=f32, device=dev)
         self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
         self._views = {k: __import__("cupy").from_dlpack(v) for k, v in
@@ -153,6 +155,7 @@ class VirtualCluster:
         k["reduce"].reduce_rows(v["gathered"], v, n_sites=ns, stream_ptr=main.cuda_stream,
                                 device=self.device.index or 0)
         self.est_hist[self.steps].copy_(self.red["site"][1, :ns])
+        self.valid_hist[self.steps].copy_(self.red["n_valid"][0])
         k["update"].update(self.gathered, self.scratch_row, self.red, self.state, self.ring,
                            self.ring_step, self.params, n_sites=ns, rank=0)
         self._reset_rows()
@@ -170,6 +173,7 @@ class VirtualCluster:
             est_spread=self.est_hist[:s].double().cpu().numpy(),
             true_entry_spread=e.max(axis=1) - e.min(axis=1),
             exit_spread=x.max(axis=1) - x.min(axis=1),
+            n_valid=self.valid_hist[:s].cpu().numpy(),
             delay=self.delay_hist[:s].double().cpu().numpy(),
             timed_out=bool(self.flag.item()),
         )

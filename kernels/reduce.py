@@ -296,8 +296,10 @@ def reduce_reference(gathered: np.ndarray, n_sites: int) -> dict[str, np.ndarray
     med = np.float32((np.sort(known)[(known.size - 1) // 2] + np.sort(known)[known.size // 2])
                      * np.float32(0.5)) if known.size else np.float32(np.nan)
     with np.errstate(invalid="ignore", over="ignore"):
-        sums = np.stack([np.nansum(w, axis=1, dtype=np.float32),
-                         np.nansum(d, axis=1, dtype=np.float32)]).astype(np.float32)
+        # left to right in float32, as the kernel adds (nansum pairs its terms: other roundings)
+        sums = np.stack([np.cumsum(np.where(np.isnan(x), np.float32(0), x), axis=1,
+                                   dtype=np.float32)[:, -1] if n_sites else
+                         np.zeros(n_ranks, np.float32) for x in (w, d)]).astype(np.float32)
         c = g[:, 0].astype(np.float64)  # truncated and saturated, as CUDA's (int)
         c = np.where(np.isfinite(c), np.clip(np.trunc(c), -2.0**31, 2.0**31 - 1), -1).astype(np.int32)
     counts = np.array([c.min(), c.max()], dtype=np.int32)

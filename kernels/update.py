@@ -26,7 +26,8 @@ Identical to `gpupace.policy.update` (the NumPy reference), for the ranks update
   down to sum to at most cap; all zero while warming, outside `pace` mode or with fewer than
   two valid ranks;
 - the host engine's rules around the policy: when the ranks' site counts disagree (or are 0)
-  nothing is learnt and every delay is 0; a new site count starts the state afresh.
+  nothing is learnt and every delay is 0; with another site count the first sites keep their
+  state and the step count, and sites past the old count start afresh (`policy.resize_state`).
 Deliberate differences:
 - float32 throughout (NumPy uses float64): floors and delays agree to float32 rounding, and a
   spread within rounding of a threshold may flip a hysteresis count;
@@ -128,8 +129,11 @@ def _update_kernel(
     agree = (tl.load(counts_ptr) == n_sites) & (tl.load(counts_ptr + 1) == n_sites) & (n_sites > 0)
     total = tl.load(cnt)
     n_state = tl.load(cnt + 2)
-    fresh = n_state != n_sites  # a new site layout starts the state afresh (host engine rule)
-    pstep = tl.where(fresh, 0, tl.load(cnt + 1)) + 1
+    # Another site count: the first sites keep what they learnt, and the step count (no
+    # warm-up restarts); sites past the old count start afresh (policy.resize_state, as the
+    # host engine does).
+    fresh = sm >= n_state
+    pstep = tl.load(cnt + 1) + 1
     warming = pstep <= warmup_steps
     learn = agree & (~warming) & two
     pace = mode == _PACE

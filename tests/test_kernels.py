@@ -242,3 +242,12 @@ def test_reduce_reference_reads_the_site_counts_as_cuda_casts_them(k):
     assert k["reduce"].reduce_reference(g, 1)["counts"].tolist() == [-1, 2**31 - 1]
     g[:, 0] = [2.7, 1.0, 2.0, 2.0]
     assert k["reduce"].reduce_reference(g, 1)["counts"].tolist() == [1, 2]
+
+
+def test_reduce_reference_sums_left_to_right_in_float32_as_the_kernel(k):
+    """1e8 then fifteen 3.0s: each 3.0 is lost to float32 rounding one at a time, as in the
+    kernel's loop; a pairwise sum (NumPy's nansum) keeps 40 of them."""
+    m = 16
+    g = np.zeros((1, 2 + 2 * m), dtype=np.float32)
+    g[0, 0], g[0, 2], g[0, 3:2 + m] = m, 1e8, 3.0
+    assert k["reduce"].reduce_reference(g, m)["sums"][0, 0] == np.float32(1e8)

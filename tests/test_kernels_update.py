@@ -192,21 +192,24 @@ def test_no_sites_is_a_disagreement(k):
     assert rec[k["update"].REC_OK] == 0.0 and (dev.state["delay"] == 0).all()
 
 
-def test_a_new_site_count_starts_afresh(k):
+@pytest.mark.parametrize("alone", [False, True])
+def test_another_site_count_keeps_the_first_sites(k, alone):
+    """As the host engine: a step with one more paced collective (a logged loss) keeps what the
+    first sites learnt and the step count (`policy.resize_state`); the new site starts afresh;
+    back to the old count, so does the site that went."""
     params = paced()
-    dev = DeviceSide(k, 3, 3)
+    dev = DeviceSide(k, 3, 3, rank=1, alone=alone)
     state = policy.init_state(3, 2)
-    for _ in range(3):
-        w, d, st_us = skewed(3, 2)
-        dev.step(make_rows(w, d, st_us, 3), 2, params)
-        state, _ = policy.update(params, state, w, d, st_us)
-    compare(dev, state, 2)
-    state = policy.init_state(3, 3)  # the host engine's rule: a new layout, a new state
-    for _ in range(2):
-        w, d, st_us = skewed(3, 3)
-        dev.step(make_rows(w, d, st_us, 3), 3, params)
-        state, _ = policy.update(params, state, w, d, st_us)
-    compare(dev, state, 3)
+    for n_sites, steps in ((2, 3), (3, 2), (2, 2), (3, 1)):
+        if state.shape[1] != n_sites:
+            state = policy.resize_state(state, n_sites)
+        for _ in range(steps):
+            w, d, st_us = skewed(3, n_sites)
+            w[1] += 40.0 * n_sites  # the site count shows in what rank 1 learns
+            dev.step(make_rows(w, d, st_us, 3), n_sites, params)
+            state, _ = policy.update(params, state, w, d, st_us)
+        compare(dev, state, n_sites)
+    assert state.step == 8 and (dev.state["counter"][:, 1] == 8).all()
 
 
 @pytest.mark.parametrize("alone", [False, True])
