@@ -18,6 +18,7 @@ JIT.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -60,3 +61,15 @@ class Hot:
     def direct(self) -> bool:
         """Whether calls now go straight to the compiled kernel."""
         return self._runner is not None
+
+
+def site_launcher(hot: Hot, n_sites: int) -> Callable[[int], None]:
+    """`hot` called with a site index, checked against the buffers' `n_sites` sites."""
+
+    def launch(site: int) -> None:
+        if not 0 <= site < n_sites:
+            raise ValueError(f"site must be in [0, {n_sites}), got {site}")
+        hot(int(site))
+
+    launch.hot = hot  # type: ignore[attr-defined]  # the GPU tests read hot.direct
+    return launch

@@ -30,7 +30,7 @@ import triton.language as tl
 from gpupace.policy import ARRIVAL_RATE
 
 from .clock import now, stamp_now, use_clock
-from .launch import Hot
+from .launch import Hot, site_launcher
 
 # A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
 # but the device never spins longer than this.
@@ -145,11 +145,4 @@ def enterer(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps:
               [delay, usual, row, stamps, clk, 0, int(delay_offset), m, float(cap_us),
                float(rate), n, int(fake_tick), use_clock(clock), HARD_CAP_US, HARD_MAX_READS],
               free=5, meta={"num_warps": 1})
-
-    def launch(site: int) -> None:
-        if not 0 <= site < m:
-            raise ValueError(f"site must be in [0, {m}), got {site}")
-        hot(int(site))
-
-    launch.hot = hot  # type: ignore[attr-defined]  # the GPU tests read hot.direct
-    return launch
+    return site_launcher(hot, m)

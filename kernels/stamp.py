@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .clock import stamp_now, use_clock
-from .launch import Hot
+from .launch import Hot, site_launcher
 
 
 @triton.jit(do_not_specialize=["slot"])
@@ -71,14 +71,7 @@ def exit_stamper(row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor, *,
     m = stamps.shape[0]
     hot = Hot(_exit_kernel, (1,), [row, stamps, clk, 0, use_clock(clock)], free=3,
               meta={"num_warps": 1})
-
-    def launch(site: int) -> None:
-        if not 0 <= site < m:
-            raise ValueError(f"site must be in [0, {m}), got {site}")
-        hot(int(site))
-
-    launch.hot = hot  # type: ignore[attr-defined]  # the GPU tests read hot.direct
-    return launch
+    return site_launcher(hot, m)
 
 
 def finish_row(row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor) -> None:
