@@ -21,8 +21,9 @@ CUDA events time the compute and collective phases in eager mode (`phase_times()
 
 Limits, bluntly: sites are matched by order, and a captured graph fixes the site count; on
 an H200 a paced collective adds 3.1-3.2 us in a CUDA graph at 8 a step (target 3 us) and
-44-72 us eager (target 15 us: host launch time; README). On a CPU device the engine runs only under TRITON_INTERPRET=1, with the
-clock-free kernel path and the NumPy twin of the reduction: that is for tests.
+44-72 us eager (target 15 us: host launch time; README). On a CPU device the engine runs
+only under TRITON_INTERPRET=1, with the clock-free kernel path and the NumPy twin of the
+reduction: that is for tests.
 """
 
 from __future__ import annotations
