@@ -160,6 +160,8 @@ def test_launchers_reject_bad_sites(k):
     launch = k["stamp"].exit_stamper(row, stamps, clk)  # the engine's hot path checks too
     with pytest.raises(ValueError, match="site"):
         launch(2)
+    with pytest.raises(ValueError, match="row must hold 2 \\+ 2 x 2"):  # another layout's row
+        k["stamp"].finish_row(torch.zeros(5), stamps, clk)
 
 
 def test_stamp_writes_the_clock_into_its_slot(k):
