@@ -79,15 +79,14 @@ class VirtualCluster:
         self.gathered = torch.zeros(n, 2 + 2 * m, dtype=f32, device=dev)
         self._reset_rows()
         self.scratch_row = torch.zeros(2 + 2 * m, dtype=f32, device=dev)
-        self.stamps = torch.zeros(n, m, 3, dtype=i64, device=dev)
         self.clk = torch.zeros(n, 2, dtype=i64, device=dev)
-        self.usual = torch.full((n, m), float("nan"), dtype=torch.float32, device=dev)
         self.count = torch.zeros(m, dtype=i32, device=dev)
         self.flag = torch.zeros(1, dtype=i32, device=dev)
         self.applied = torch.zeros(n, dtype=f32, device=dev)
         self.reads = torch.zeros(n, dtype=i32, device=dev)
         self.red = reduce.outputs(n, m, dev)
         self.state = update.new_state(n, m, dev)  # every rank's, one program each
+        self.stamps, self.usual = self.state["stamps"], self.state["usual"]
         self.ring = torch.zeros(16, update.record_len(n, m), dtype=f32, device=dev)
         self.ring_step = torch.full((16,), -1, dtype=i64, device=dev)
         self.arrive_hist = torch.zeros(max_steps, n, n_sites, dtype=i64, device=dev)

@@ -27,7 +27,8 @@ Identical to `gpupace.policy.update` (the NumPy reference), for the ranks update
   two valid ranks;
 - the host engine's rules around the policy: when the ranks' site counts disagree (or are 0)
   nothing is learnt and every delay is 0; with another site count the first sites keep their
-  state and the step count, and sites past the old count start afresh (`policy.resize_state`).
+  state and the step count, sites past the old count start afresh (`policy.resize_state`), and
+  sites past the new count forget their mean arrival and last exit.
 Deliberate differences:
 - float32 throughout (NumPy uses float64): floors and delays agree to float32 rounding, and a
   spread within rounding of a threshold may flip a hysteresis count;
@@ -108,7 +109,7 @@ def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr, sums_ptr, counts_ptr,
     floor_ptr, calm_ptr, mean_ptr, var_ptr, delay_ptr, active_ptr, above_ptr, below_ptr,
-    counter_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
+    counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
     rise, fall, holdoff, safety_z, warmup_steps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -257,6 +258,11 @@ def _update_kernel(
     if agree:
         tl.store(cnt + 1, pstep.to(tl.int64))
         tl.store(cnt + 2, n_sites.to(tl.int64))
+        # Sites past the count forget their mean arrival and last exit (the deadline's), so
+        # that one coming back is not taken for a rank that arrived steps late (host rule).
+        gone = (sm >= n_sites) & in_m & ((sm * 0 + (n_state != n_sites).to(tl.int32)) != 0)
+        tl.store(usual_ptr + st_off, float("nan"), mask=gone)
+        tl.store(stamps_ptr + 3 * st_off + 2, sm.to(tl.int64) * 0, mask=gone)
 
 
 BLOCK_N = 1024  # ranks a pass of the telemetry record takes
@@ -266,7 +272,9 @@ def new_state(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, tor
     """The policy state of `n_ranks` consecutive ranks (one program each; a pacer has its own
     rank alone): float32 floor, mean, var (-1: no sample yet) and delay, int32 calm and the
     per-site switch state active, above, below, all [n_ranks, max_sites]; int64 counter
-    [n_ranks, COUNTER_LEN]."""
+    [n_ranks, COUNTER_LEN]; and the buffers of the sites' kernels (`spin.py`) that the update
+    resets for sites that went: float32 usual [n_ranks, max_sites] (NaN) and int64 stamps
+    [n_ranks, max_sites, 3]."""
     f32, i32 = torch.float32, torch.int32
     shape = (n_ranks, max_sites)
     return {"floor": torch.zeros(shape, dtype=f32, device=device),
@@ -277,7 +285,9 @@ def new_state(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, tor
             "active": torch.zeros(shape, dtype=i32, device=device),
             "above": torch.zeros(shape, dtype=i32, device=device),
             "below": torch.zeros(shape, dtype=i32, device=device),
-            "counter": torch.zeros(n_ranks, COUNTER_LEN, dtype=torch.int64, device=device)}
+            "counter": torch.zeros(n_ranks, COUNTER_LEN, dtype=torch.int64, device=device),
+            "usual": torch.full(shape, float("nan"), dtype=f32, device=device),
+            "stamps": torch.zeros(n_ranks, max_sites, 3, dtype=torch.int64, device=device)}
 
 
 def update(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tensor],
@@ -333,7 +343,8 @@ def launch_args(gathered, row, red, state, ring, ring_step, params, *, n_sites: 
         red["sums"], red["counts"],
         state["floor"], state["calm"], state["mean"], state["var"], state["delay"],
         state["active"], state["above"], state["below"],
-        state["counter"], row, ring, ring_step, ring.shape[0], ring.shape[1],
+        state["counter"], state["usual"], state["stamps"], row, ring, ring_step, ring.shape[0],
+        ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),

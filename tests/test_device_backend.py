@@ -238,7 +238,7 @@ def test_engine_warmup_leaves_the_state_alone(interp):
     eng.warmup()
     assert eng._warm
     for k, v in eng.state.items():
-        assert torch.equal(v, before[k]), k
+        assert torch.equal(v.nan_to_num(-1), before[k].nan_to_num(-1)), k  # usual: NaN
     assert torch.equal(eng.ring.nan_to_num(-1), ring.nan_to_num(-1))
     assert torch.equal(eng.row.nan_to_num(-1), row.nan_to_num(-1))
 
@@ -277,3 +277,19 @@ def test_pacing_stream_join_never_crosses_a_capture_boundary(fork, capturing, ge
     from gpupace.backends.device import join_action
 
     assert join_action(fork, capturing, generation) == action
+
+
+def test_engine_site_buffers_are_the_states_so_the_update_resets_them(interp):
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=3), None, 0, 1, device="cpu")
+    assert eng.usual.data_ptr() == eng.state["usual"].data_ptr()
+    assert eng.stamps.data_ptr() == eng.state["stamps"].data_ptr()
+    for n_sites in (3, 1):  # three sites a step, then one: the two that went are reset
+        for _ in range(2):
+            for _ in range(n_sites):
+                eng.clk[1] += 1000  # the clock-free path's virtual clock, in ns
+                eng.exit(eng.arrive())
+            eng.end_step(0, 0.0)
+    assert torch.isnan(eng.usual[1:]).all() and (eng.stamps[1:, 2] == 0).all()
+    assert eng.stamps[0, 2] != 0  # the site kept keeps its last exit

@@ -212,6 +212,28 @@ def test_another_site_count_keeps_the_first_sites(k, alone):
     assert state.step == 8 and (dev.state["counter"][:, 1] == 8).all()
 
 
+def test_sites_that_went_forget_their_deadline(k):
+    """As the host engine: a site past a new, smaller count loses its mean arrival and its
+    last exit, so that when it comes back its first arrival is not timed from an exit steps
+    old; the sites kept keep theirs; a step with the same count, or a disagreement, resets
+    nothing."""
+    params = paced()
+    dev = DeviceSide(k, 3, 4)  # room for 4 sites, 3 used
+    w, d, st_us = skewed(3, 3)
+    dev.step(make_rows(w, d, st_us, 4), 3, params)
+    usual, stamps = dev.state["usual"], dev.state["stamps"]
+    usual.fill_(500.0)
+    stamps[:, :, 2] = 123
+    dev.step(make_rows(w, d, st_us, 4), 3, params)  # the same count: the 4th is left alone
+    assert (usual == 500.0).all() and (stamps[:, :, 2] == 123).all()
+    w2, d2, st2 = skewed(3, 2)
+    dev.step(make_rows(w2, d2, st2, 4, counts=np.array([2, 2, 1])), 2, params)  # disagreement
+    assert (usual == 500.0).all() and (stamps[:, :, 2] == 123).all()
+    dev.step(make_rows(w2, d2, st2, 4), 2, params)  # two sites now
+    assert (usual[:, :2] == 500.0).all() and torch.isnan(usual[:, 2:]).all()
+    assert (stamps[:, :2, 2] == 123).all() and (stamps[:, 2:, 2] == 0).all()
+
+
 @pytest.mark.parametrize("alone", [False, True])
 def test_the_straggler_is_never_delayed_even_with_a_floor(k, alone):
     # Rank 1 is early for four steps and builds a floor; then it is last. With a slow fall and

@@ -125,11 +125,11 @@ class DeviceEngine:
         self.row = torch.zeros(r, dtype=f32, **z)
         self.row[1:2 + m] = float("nan")
         self.gathered = torch.zeros(n, r, dtype=f32, **z)
-        self.stamps = torch.zeros(m, 3, dtype=i64, **z)
         self.clk = torch.zeros(2, dtype=i64, **z)
-        self.usual = torch.full((m,), float("nan"), dtype=f32, **z)  # arrivals, for the deadline
         self.red = reduce.outputs(n, m, dev)
         self.state = update.new_state(1, m, dev)  # this rank's alone, as the host engine's
+        # the sites' kernels' buffers, views of the state's (the update resets sites that went)
+        self.stamps, self.usual = self.state["stamps"][0], self.state["usual"][0]
         self.ring_len = max(int(ring_len), 2 * COPY_EVERY)
         self.ring = torch.full((self.ring_len, update.record_len(n, m)), float("nan"), dtype=f32, **z)
         self.ring_step = torch.full((self.ring_len,), -1, dtype=i64, **z)
@@ -419,10 +419,10 @@ class DeviceEngine:
         scratch = DeviceEngine.__new__(DeviceEngine)
         scratch.__dict__.update(self.__dict__)
         scratch.row, scratch.gathered = self.row.clone(), self.gathered.clone()
-        scratch.stamps, scratch.clk = self.stamps.clone(), self.clk.clone()
-        scratch.usual = self.usual.clone()
+        scratch.clk = self.clk.clone()
         scratch.red = {k: v.clone() for k, v in self.red.items()}
         scratch.state = {k: v.clone() for k, v in self.state.items()}
+        scratch.stamps, scratch.usual = scratch.state["stamps"][0], scratch.state["usual"][0]
         scratch.ring, scratch.ring_step = self.ring.clone(), self.ring_step.clone()
         scratch._cupy_views = None
         zero = torch.zeros_like(self.state["delay"])
