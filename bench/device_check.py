@@ -564,8 +564,9 @@ def markdown(res: dict[str, Any]) -> str:
             f"## Spin-wait error, applied - requested (us); timer tick "
             f"{fig.get('timer_tick_ns')} ns",
             "",
-            "By CUDA events (the verdict's: kernel time less a zero-delay spin's) and by the "
-            "spin's own clock (within a tick by construction: it stops on that clock).",
+            "By CUDA events (the verdict's: kernel time less the same batch's zero-delay "
+            "spins') and by the spin's own clock (within a tick by construction: it stops on "
+            "that clock).",
             "",
             "| requested | events p50 | events p99 | own clock p50 | own clock p99 |",
             "|---|---|---|---|---|",

@@ -201,4 +201,3 @@ def timed_spins(req_us: float, reps: int, cap_us: float) -> dict[str, np.ndarray
 def spin_event_error(t: dict[str, np.ndarray], req_us: float) -> np.ndarray:
     """The spin's error by events from `timed_spins`' figures (us)."""
     return t["wall"] - float(np.median(t["zero"])) - req_us
-

@@ -6,13 +6,12 @@ through the compiled kernel's own launcher and 6.3 us for a one-element torch ad
 (`bench/launch_cost.py`); the update kernel, 40 arguments, took 42 us through the JIT there.
 
 `Hot` fixes every argument of a launch but one at most, which the kernel declares
-`do_not_specialize`.
-Its first call goes through the JIT, which compiles (or finds) the variant these arguments
-select. Nothing that selects a variant can change afterwards (the same tensors, the same
-values, the free argument unspecialised), so later calls go straight to that compiled kernel's
-launcher, on torch's current stream (a capturing one included). Where the JIT returns no
-compiled kernel (the interpreter), or `GPUPACE_DIRECT_LAUNCH=0`, every call goes through the
-JIT.
+`do_not_specialize`. Its first call goes through the JIT, which compiles (or finds) the
+variant these arguments select. Nothing that selects a variant can change afterwards (the
+same tensors, the same values, the free argument unspecialised), so later calls go straight
+to that compiled kernel's launcher, on torch's current stream (a capturing one included).
+Where the JIT returns no compiled kernel (the interpreter), or `GPUPACE_DIRECT_LAUNCH=0`,
+every call goes through the JIT.
 """
 
 from __future__ import annotations

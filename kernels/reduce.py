@@ -95,7 +95,9 @@ extern "C" __global__ void gpupace_reduce(
     lo = min(lo, __shfl_down_sync(0xffffffffu, lo, o));
     hi = max(hi, __shfl_down_sync(0xffffffffu, hi, o));
   }
-  if (lane == 0) { part_n[warp] = mine; part_known[warp] = known; part_lo[warp] = lo; part_hi[warp] = hi; }
+  if (lane == 0) {
+    part_n[warp] = mine; part_known[warp] = known; part_lo[warp] = lo; part_hi[warp] = hi;
+  }
   __syncthreads();  // the bits, the sort's input and the partials are the block's after this
   int nv = 0, n_known = 0;
   for (int w = 0; w < n_warps; ++w) { nv += part_n[w]; n_known += part_known[w]; }
