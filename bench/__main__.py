@@ -21,10 +21,12 @@ Bench = Callable[[Harness], None]
 
 def cpu_benchmarks() -> dict[str, Bench]:
     from .cpu_allreduce import bench_allreduce
+    from .cpu_host_path import bench_host_path
     from .cpu_policy import bench_policy
     from .cpu_telemetry import bench_telemetry
 
-    return {"allreduce": bench_allreduce, "policy": bench_policy, "telemetry": bench_telemetry}
+    return {"allreduce": bench_allreduce, "policy": bench_policy, "telemetry": bench_telemetry,
+            "host_path": bench_host_path}
 
 
 def gpu_benchmarks() -> dict[str, Bench]:
