@@ -16,6 +16,7 @@ tight loop, so a lower bound of what a training step pays.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator
 
@@ -31,26 +32,36 @@ SITES = 8  # paced collectives a step, as the device check's figure
 @contextlib.contextmanager
 def _interpreting() -> Iterator[None]:
     """The device engine runs on a CPU device only under Triton's interpreter; it launches
-    nothing here, but checks that flag when built."""
+    nothing here, but checks that flag when built. Setting Triton's knob also sets
+    TRITON_INTERPRET in the environment: both are put back as they were, or kernels imported
+    later in this process would be interpreted ones."""
     import triton
 
     knobs = triton.knobs.runtime
-    before, knobs.interpret = knobs.interpret, True
+    env, own = os.environ.get("TRITON_INTERPRET"), knobs.__dict__.get("interpret")
+    knobs.interpret = True
     try:
         yield
     finally:
-        knobs.interpret = before
+        if own is None:
+            del knobs.interpret  # back to reading the environment
+        else:
+            knobs.interpret = own
+        if env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = env
 
 
-def paced_loop(sites: int = SITES):
-    """A Pacer on a CPU-device DeviceEngine whose launches count instead of running; returns
-    (one_step(timer) -> (sites_ns, step_ns), counts)."""
+def paced_loop(group, sites: int = SITES):
+    """A Pacer on `group` (one rank) with a CPU-device DeviceEngine whose launches count
+    instead of running; returns (one_step() -> (sites_ns, step_ns), counts)."""
     from gpupace import PaceConfig, Pacer
 
     cfg = PaceConfig(mode="pace", max_sites=sites)
-    pacer = Pacer(cfg, backend="host")  # no process group: one rank
+    pacer = Pacer(cfg, group, backend="host")
     with _interpreting():
-        engine = DeviceEngine(cfg, None, 0, 1, device="cpu")
+        engine = DeviceEngine(cfg, group, 0, 1, device="cpu")
     counts = dict.fromkeys(("enter", "exit", "finish", "exchange", "reduce", "update"), 0)
 
     def stand_in(name: str):
@@ -75,9 +86,29 @@ def paced_loop(sites: int = SITES):
     return one_step, counts
 
 
+@contextlib.contextmanager
+def _one_rank_group() -> Iterator[object]:
+    """A gloo group of one rank, as a job's pacer has a group (one without checks at every
+    collective whether a group has appeared since it was built)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        raise RuntimeError("host_path makes its own one-rank group: run it where none exists")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
 def bench_host_path(h: Harness) -> None:
     reps, warm = (200, 20) if h.quick else (3000, 200)
-    one_step, counts = paced_loop()
+    with _one_rank_group() as group:
+        _measure(h, group, reps, warm)
+
+
+def _measure(h: Harness, group, reps: int, warm: int) -> None:
+    one_step, counts = paced_loop(group)
     per_site, per_step = np.empty(reps), np.empty(reps)
     for r in range(-warm, reps):
         a, b = one_step()

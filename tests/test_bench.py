@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,12 +120,18 @@ def test_harness_writes_schema_rows_and_files(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_quick_cpu_suite_through_main(tmp_path):
+    from gpupace.kernels.clock import interpreting
+
+    env, interpreted = os.environ.get("TRITON_INTERPRET"), interpreting()
     rc = main(["--suite", "cpu", "--quick", "--out", str(tmp_path), "--note", "test"])
     assert rc == 0
+    # host_path builds its engine under the interpreter's flag, and puts it back
+    assert (os.environ.get("TRITON_INTERPRET"), interpreting()) == (env, interpreted)
     (doc_path,) = tmp_path.glob("cpu-quick_*.json")
     doc = json.loads(doc_path.read_text())
     benches = {r["bench"] for r in doc["rows"]}
-    assert {"gloo_all_reduce", "gloo_all_reduce_ratio", "policy_update", "telemetry"} <= benches
+    assert {"gloo_all_reduce", "gloo_all_reduce_ratio", "policy_update", "telemetry",
+            "host_path"} <= benches
     assert not doc["skips"], doc["skips"]
     assert any(c["name"].startswith("policy update") for c in doc["checks"])
     assert all(r["n"] > 0 and r["note"] == "test" for r in doc["rows"])

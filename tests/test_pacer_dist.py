@@ -280,6 +280,23 @@ def test_world_size_one_has_nothing_to_pace():
     assert "sites 1)" in printed and "step time p99 (ms)" in printed
 
 
+def test_a_paced_block_that_raises_is_still_left_and_its_error_goes_through():
+    pacer = Pacer(PaceConfig(warmup_steps=0))
+    eng = pacer._engine
+    with pytest.raises(ZeroDivisionError), pacer.site("boom"):
+        raise ZeroDivisionError("a failing collective")
+    assert np.isfinite(eng.wait_us[0])  # the exit was stamped on the way out
+    with pacer.collective("async", async_op=True) as issued:
+        assert np.isnan(eng.wait_us[1])  # an async block is left by issued(work), not its end
+        issued(None)
+    assert np.isfinite(eng.wait_us[1])
+    assert pacer.step().wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async"]
+    off = Pacer(PaceConfig(mode="off"))
+    with off.collective("x", async_op=True) as issued:
+        issued(object())  # with pacing off, nothing is stamped or waited on
+    assert off._engine.n_sites == 0 and off.step() is None
+
+
 def _built_with(rank, world, changes):
     # Rank 1 gets other settings (as from a GPUPACE_* variable set on its host only).
     try:

@@ -3,7 +3,12 @@ process group; `device` (CUDA groups, Triton and CuPy) keeps the whole loop on t
 
 from __future__ import annotations
 
+import contextlib
+
 BACKENDS = ("auto", "host", "device")
+# What an engine's `issue()` returns where a collective needs no setup: one shared instance,
+# since it runs once a paced collective.
+NO_FORK = contextlib.nullcontext()
 
 
 def group_backend(group) -> str:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
-from . import cuda_device, device_backend_missing, gather_rows
+from . import NO_FORK, cuda_device, device_backend_missing, gather_rows
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
 # Eager phase timing records two CUDA events per site, a few us of host time each: sample one
@@ -113,6 +113,7 @@ class DeviceEngine:
                                "TRITON_INTERPRET=1 (for tests); use backend='host'")
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
+        self._cuda = dev.type == "cuda"
         self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._fork: tuple[int, bool] | None = None  # (step generation, captured) of a fork
         self.max_sites = m = config.max_sites
@@ -166,10 +167,10 @@ class DeviceEngine:
     def _new_step(self) -> None:
         self.generation += 1  # exits of an older step are ignored
         self.n_sites = 0
-        self._timed = self.device.type == "cuda" and self._calls % PHASE_EVERY == 0
+        self._timed = self._cuda and self._calls % PHASE_EVERY == 0
 
     def _capturing(self) -> bool:
-        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        return self._cuda and torch.cuda.is_current_stream_capturing()
 
     def _check_capture(self) -> bool:
         capturing = self._capturing()
@@ -189,7 +190,9 @@ class DeviceEngine:
     def arrive(self) -> tuple[int, int]:
         """Enqueues arrive stamp + spin + enter stamp for the next site on the current stream.
         Returns the ticket (step generation, site index) that `exit` takes."""
-        capturing = self._check_capture()
+        # The capture state matters for a step that records events, and before warm-up (a
+        # capture must be refused); otherwise a warm eager site skips the query.
+        capturing = self._check_capture() if self._timed or not self._warm else False
         k = self.n_sites
         self.n_sites += 1
         if k < self.max_sites:
@@ -202,13 +205,13 @@ class DeviceEngine:
         generation, k = ticket
         if generation != self.generation or k >= self.max_sites:
             return  # an async collective that outlived its step, or a site past max_sites
-        capturing = self._check_capture()
+        if not self._warm:
+            self._check_capture()
         self._exit(k)
-        if self._timed and not capturing and k < len(self._step_events):
+        if self._timed and k < len(self._step_events) and not self._capturing():
             self._step_events[k][1] = self._event()
 
-    @contextlib.contextmanager
-    def issue(self, sync: bool) -> Iterator[None]:
+    def issue(self, sync: bool) -> contextlib.AbstractContextManager:
         """The block that arrives and issues a collective. An async one runs on the engine's
         pacing stream after the work already queued on the current stream (the gradients): the
         spin then holds back the collective, which NCCL orders after the stream it is issued
@@ -217,8 +220,11 @@ class DeviceEngine:
         requires). A synchronous one stays on the current stream: that stream waits for the
         collective's end whatever precedes it, so a fork would only add launches."""
         if self._pace_stream is None or sync:
-            yield
-            return
+            return NO_FORK
+        return self._forked()
+
+    @contextlib.contextmanager
+    def _forked(self) -> Iterator[None]:
         # Before the fork: a capture refused for want of warm-up must not leave the pacing
         # stream forked into it, or ending the capture fails on that instead.
         capturing = self._check_capture()
@@ -276,7 +282,7 @@ class DeviceEngine:
             return None
         self._times.append((self._calls, step, time_s))
         self._calls += 1
-        if self.device.type == "cuda":
+        if self._cuda:
             # A timed step's end event; a step before a timed one records one as its start.
             timed_next = self._calls % PHASE_EVERY == 0
             end = self._event() if self._step_events or timed_next else None
@@ -297,13 +303,13 @@ class DeviceEngine:
         alone = self.world_size == 1 and not self.gather_alone
         if alone or self.group is None and not dist.is_initialized():
             self.gathered[0].copy_(self.row)
-        elif self.device.type == "cuda":
+        elif self._cuda:
             gather_rows(self.gathered, self.row, self.group)
         else:  # gloo (CPU tests): the list form
             dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
 
     def _reduce(self, n: int) -> None:
-        if self.device.type == "cuda":
+        if self._cuda:
             v = self._views()
             self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n,
                                        stream_ptr=torch.cuda.current_stream().cuda_stream,
@@ -337,7 +343,7 @@ class DeviceEngine:
             for lo, hi in spans:
                 self._host_ring[lo:hi].copy_(self.ring[lo:hi], non_blocking=True)
                 self._host_ring_step[lo:hi].copy_(self.ring_step[lo:hi], non_blocking=True)
-            if self.device.type == "cuda":
+            if self._cuda:
                 self._copy_event = torch.cuda.Event()
                 self._copy_event.record()
             self._copy_pending = True
@@ -346,7 +352,7 @@ class DeviceEngine:
         """Synchronises, reads the whole ring and returns every record not yet returned (the
         ones `end_step` would have returned later included). Call it outside the step loop,
         e.g. after a batch of graph replays."""
-        if self.device.type == "cuda":
+        if self._cuda:
             torch.cuda.synchronize(self.device)  # steps may have run on any stream
         self._copy_pending = False
         self._parse(self.ring.cpu().numpy(), self.ring_step.cpu().numpy())
@@ -357,7 +363,6 @@ class DeviceEngine:
     def _parse(self, ring: np.ndarray, ring_step: np.ndarray) -> None:
         from gpupace.kernels import update as u
 
-        times = {c: (s, t) for c, s, t in self._times}
         n, now = self.world_size, time.perf_counter()
         for slot in np.argsort(ring_step, kind="stable"):
             k = int(ring_step[slot])
@@ -367,7 +372,7 @@ class DeviceEngine:
             rec = ring[slot]
             if rec[u.REC_OK] != 1.0:
                 continue  # ranks disagreed on the sites of that step: no record, as on the host
-            step, t = times.get(k, (k, float("nan")))
+            step, t = self._time_of(k)
             h, n_sites = u.REC_HEAD, int(rec[u.REC_N_SITES])
             self._records.append(StepRecord(
                 step=int(step), time_s=float(t) if t == t else now,
@@ -380,6 +385,15 @@ class DeviceEngine:
                 step_times_us=rec[h + 3 * n:h + 4 * n].astype(np.float64),
                 site_spread_us=rec[h + 4 * n:h + 4 * n + n_sites].astype(np.float64),
             ))
+
+    def _time_of(self, call: int) -> tuple[int, float]:
+        """The step number and host time that eager `end_step` call `call` was given, from
+        `_times` (consecutive calls; a dict made of it at every parse cost ~0.4 ms here)."""
+        times = self._times
+        i = call - times[0][0] if times else -1
+        if 0 <= i < len(times):
+            return times[i][1], times[i][2]
+        return call, float("nan")
 
     def _collect_phases(self) -> None:
         """Eager-mode phase times from CUDA events, read only once they have completed."""
@@ -400,7 +414,7 @@ class DeviceEngine:
     def phase_times(self) -> list[dict[str, float]]:
         """Per step (eager mode): compute before the first paced site, time in paced sites
         (delay + collective), and the whole step, in us, from CUDA events."""
-        if self.device.type == "cuda":
+        if self._cuda:
             self._collect_phases()
         return list(self._phases)
 
@@ -433,13 +447,13 @@ class DeviceEngine:
             self._k_stamp.exit_stamp(scratch.row, scratch.stamps, scratch.clk, k)
         self._k_stamp.finish_row(scratch.row, scratch.stamps, scratch.clk)
         scratch._exchange()
-        if self.device.type == "cuda":
+        if self._cuda:
             self._k_reduce.warmup(torch.cuda.current_stream().cuda_stream, self.device.index or 0)
         scratch._reduce(1)
         self._k_update.update(scratch.gathered, scratch.row, scratch.red, scratch.state,
                               scratch.ring, scratch.ring_step, self.params, n_sites=1,
                               rank=self.rank)
-        if self.device.type == "cuda":
+        if self._cuda:
             self._views()
             torch.cuda.synchronize(self.device)
         self._warm = True

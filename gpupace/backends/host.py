@@ -14,7 +14,6 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -24,7 +23,7 @@ from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record, prepare_record
 from ..warn import warn
-from . import cuda_device, gather_rows, group_backend
+from . import NO_FORK, cuda_device, gather_rows, group_backend
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +135,9 @@ class HostEngine:
         if k == 0:
             self._exit0 = now
 
-    @contextlib.contextmanager
-    def issue(self, sync: bool) -> Iterator[None]:
+    def issue(self, sync: bool) -> contextlib.AbstractContextManager:
         """The block that arrives and issues a collective: nothing to set up on the host."""
-        yield
+        return NO_FORK
 
     def leave(self, ticket: tuple[int, int], work=None) -> None:
         """After issuing a collective: stamps its exit now (`work` None: it was synchronous)
