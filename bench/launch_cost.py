@@ -1,17 +1,18 @@
-"""Host time per launch of one small Triton kernel, the paced collective's exit stamp, two ways:
-through the JIT (`kernels.stamp.exit_stamp`: Triton binds and specialises the arguments and
-looks the kernel up on every call) and through the CompiledKernel that the JIT returned (its
-launcher, called directly, as the device engine's launchers do after their first call,
-`kernels/launch.py`); a torch in-place add on one element for scale. On the H200 machine of
-2026-11-30: 17 us through the JIT, 6.2-6.5 us direct, 6.3 us for the add (a slower run of
-that evening: 34, 11.2 and 10.1).
+"""Host time per launch of one small Triton kernel, the paced collective's exit stamp, three
+ways: through the JIT (`kernels.stamp.exit_stamp`: Triton binds and specialises the arguments
+and looks the kernel up on every call); through the runner of the CompiledKernel that the
+JIT returned (tensors as arguments, launch metadata and hooks); and through gpupace's `Hot`,
+as the device engine launches after its first call (`kernels/launch.py`: the compiled kernel's
+launcher with data pointers as integers and no hooks); a torch in-place add on one element
+for scale. On the H200 machine of 2026-11-30: 17 us through the JIT, 6.2-6.5 us through the
+runner (the engine's way then), 6.3 us for the add (a slower run of that evening: 34, 11.2
+and 10.1); `Hot` as it is now: not yet measured on a GPU.
 
     python bench/launch_cost.py --json PATH
 
-The direct launch passes the JIT's arguments in its order (the constexpr included, as
-`JITFunction.run` does) and is checked: it must write the exit stamp. The device check runs
-this in a process of its own, so that a direct launch gone wrong cannot take the other
-figures with it. Without CUDA it prints why, writes nothing and exits 0.
+Each direct way is checked: it must write the exit stamp, or it is not timed. The device
+check runs this in a process of its own, so that a direct launch gone wrong cannot take the
+other figures with it. Without CUDA it prints why, writes nothing and exits 0.
 """
 
 from __future__ import annotations
@@ -66,18 +67,24 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
         out["direct"] = f"the JIT returned {type(compiled).__name__}, not a CompiledKernel"
     else:
         runner = compiled[(1, 1, 1)]
-
-        def direct() -> None:
-            runner(row, stamps, clk, site, clock, stream=stream)
-
-        stamps.zero_()
-        row.zero_()
-        direct()
-        torch.cuda.synchronize()
-        wrote = bool(stamps[site, 2].item() != 0 and row[0].item() == site + 1)
-        out["direct"] = "wrote the exit stamp" if wrote else "did NOT write the exit stamp"
-        if wrote:
-            ways["direct_exit_stamp"] = direct
+        hot = stamp.exit_stamper(row, stamps, clk)  # the engine's launcher
+        candidates = {
+            # Triton's runner of the compiled kernel: tensors, launch metadata and hooks
+            "runner_exit_stamp": lambda: runner(row, stamps, clk, site, clock, stream=stream),
+            # gpupace's: data pointers as integers, no hooks (kernels/launch.py)
+            "hot_exit_stamp": lambda: hot(site),
+        }
+        hot(site)  # binds it (a JIT call), as the engine's first call does
+        out["hot_direct"] = hot.hot.direct
+        for name, fn in candidates.items():
+            stamps.zero_()
+            row.zero_()
+            fn()
+            torch.cuda.synchronize()
+            wrote = bool(stamps[site, 2].item() != 0 and row[0].item() == site + 1)
+            out[f"{name}_wrote"] = wrote
+            if wrote:
+                ways[name] = fn
     for fn in ways.values():  # warm: caches, the driver's first launches
         _per_launch_us(fn, 20)
     samples = {k: [] for k in ways}
@@ -85,9 +92,12 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
         for k, fn in ways.items():
             samples[k].append(_per_launch_us(fn, launches))
     out["per_launch_us"] = {k: quantiles(np.array(v)) for k, v in samples.items()}
-    if "direct_exit_stamp" in samples:
-        jit, fast = (np.median(samples[k]) for k in ("jit_exit_stamp", "direct_exit_stamp"))
-        out["jit_over_direct"] = float(jit / fast)
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    for fast in ("runner_exit_stamp", "hot_exit_stamp"):
+        if fast in med:
+            out[f"jit_over_{fast[:-len('_exit_stamp')]}"] = med["jit_exit_stamp"] / med[fast]
+    if "runner_exit_stamp" in med and "hot_exit_stamp" in med:
+        out["runner_over_hot"] = med["runner_exit_stamp"] / med["hot_exit_stamp"]
     return out
 
 

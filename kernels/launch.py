@@ -9,9 +9,15 @@ through the compiled kernel's own launcher and 6.3 us for a one-element torch ad
 `do_not_specialize`. Its first call goes through the JIT, which compiles (or finds) the
 variant these arguments select. Nothing that selects a variant can change afterwards (the
 same tensors, the same values, the free argument unspecialised), so later calls go straight
-to that compiled kernel's launcher, on torch's current stream (a capturing one included).
-Where the JIT returns no compiled kernel (the interpreter), or `GPUPACE_DIRECT_LAUNCH=0`,
-every call goes through the JIT.
+to that compiled kernel's launcher (`CompiledKernel.run`), on torch's current stream (a
+capturing one included), with two savings more: the tensors' data pointers, taken once, go
+as integers, which Triton's launcher passes through (for a tensor it calls `data_ptr()` and
+asks the driver about the pointer, `cuPointerGetAttribute`, at every launch: five of each
+for the enter kernel); and no launch metadata or hooks, unless a Triton launch hook (a
+profiler's) is set when the kernel is bound: then calls go through the compiled kernel's
+runner, which calls the hooks. Not yet measured on a GPU against the runner
+(`bench/launch_cost.py` times both). Where the JIT returns no compiled kernel (the
+interpreter), or `GPUPACE_DIRECT_LAUNCH=0`, every call goes through the JIT.
 """
 
 from __future__ import annotations
@@ -31,6 +37,17 @@ def _current_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
 
+def launch_hooks_set() -> bool:
+    """Whether a Triton launch hook is set (a profiler's, such as proton's)."""
+    import triton
+
+    knobs = getattr(triton, "knobs", None)  # triton >= 3.4
+    holder = knobs.runtime if knobs is not None else triton.compiler.CompiledKernel
+    hooks = (getattr(holder, "launch_enter_hook", None), getattr(holder, "launch_exit_hook", None))
+    # Triton >= 3.5 keeps each in a HookChain, whose `calls` are empty when none is set.
+    return any(h is not None and getattr(h, "calls", True) for h in hooks)
+
+
 class Hot:
     """`fn[grid](*args, **meta)` with `args[free]` given at each call (none when `free` is
     None)."""
@@ -38,12 +55,23 @@ class Hot:
     def __init__(self, fn: Any, grid: tuple[int, ...], args: list[Any], free: int | None,
                  meta: dict[str, Any]):
         self._fn, self._grid, self._args, self._free, self._meta = fn, grid, list(args), free, meta
-        self._runner: Any = None
+        self._run: Any = None  # CompiledKernel.run, once bound without hooks
+        self._head: tuple = ()  # what `run` takes before the stream: the grid
+        self._tail: tuple = ()  # and after it: the function, its metadata, no hooks
+        self._raw: list[Any] = []  # the arguments, tensors as their data pointers
+        self._runner: Any = None  # the compiled kernel's runner, once bound with hooks set
         self._device = next((a.device.index for a in args if hasattr(a, "device")
                              and a.device.type == "cuda"), None)
         self._direct = _direct_wanted() and self._device is not None
 
     def __call__(self, value: Any = None) -> None:
+        if self._run is not None:
+            args = self._raw
+            if self._free is not None:
+                args = args.copy()
+                args[self._free] = value
+            self._run(*self._head, _current_stream(self._device), *self._tail, *args)
+            return
         args = self._args
         if self._free is not None:
             args = args.copy()
@@ -54,12 +82,21 @@ class Hot:
         compiled = self._fn[self._grid](*args, **self._meta)
         if self._direct and all(hasattr(compiled, a) for a in ("run", "function",
                                                                "packed_metadata")):
-            self._runner = compiled[(*self._grid, 1, 1)[:3]]
+            grid = (*self._grid, 1, 1)[:3]
+            runner = compiled[grid]  # loads the module: `function` is set from here on
+            if launch_hooks_set():
+                self._runner = runner
+                return
+            self._head, self._tail = grid, (compiled.function, compiled.packed_metadata,
+                                            None, None, None)
+            # self._args keeps the tensors, and so their memory, alive
+            self._raw = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in self._args]
+            self._run = compiled.run
 
     @property
     def direct(self) -> bool:
         """Whether calls now go straight to the compiled kernel."""
-        return self._runner is not None
+        return self._run is not None or self._runner is not None
 
 
 def site_launcher(hot: Hot, n_sites: int) -> Callable[[int], None]:
