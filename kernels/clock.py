@@ -91,3 +91,99 @@ def measure_tick(device: str | torch.device = "cuda", n_reads: int = 4096) -> fl
     out = torch.zeros(n_reads, dtype=torch.int64, device=device)
     read_clock(out, clock=True)
     return tick_from_reads(out.cpu().numpy())
+
+
+# -- do the SMs agree on the time? --------------------------------------------------------------
+# The estimator subtracts stamps of one rank taken by different kernels, which may run on
+# different SMs; the virtual cluster's ground truth compares stamps across SMs. Both assume the
+# SMs read one `%globaltimer`. On the H200 (2026-11-30) the virtual cluster's estimate exceeded
+# the bound that exact stamps would give by 0.25-0.32 us; SMs off by that much would explain it.
+# `sm_offsets` measures it: program 0 pings each other program and it answers with its clock.
+
+
+@triton.jit
+def sm_id(fallback, USE_CLOCK: tl.constexpr):
+    """The SM this program runs on (`%smid`); `fallback` on the clock-free path."""
+    if USE_CLOCK:
+        s = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        s = fallback
+    return s
+
+
+@triton.jit
+def _offsets_kernel(flags_ptr, out_ptr, sm_ptr, rounds, max_polls, fake_tick,
+                    USE_CLOCK: tl.constexpr):
+    # flags int64 [P, rounds, 2] (ping, answer; 0: not yet), out int64 [P, rounds, 3] (program
+    # 0's clock at the ping, the other's on seeing it, program 0's on the answer), sm int32 [P].
+    # Every poll is bounded by max_polls: a program that is not resident is never waited for.
+    pid = tl.program_id(0)
+    tl.store(sm_ptr + pid, sm_id(pid * 0 - 1, USE_CLOCK))
+    t = tl.load(out_ptr) * 0  # the clock-free path's start
+    if pid == 0:
+        for i in range(1, tl.num_programs(0)):
+            for r in range(rounds):
+                slot = (i * rounds + r) * 2
+                t = now(t, fake_tick, USE_CLOCK)
+                t_ping = t
+                tl.atomic_xchg(flags_ptr + slot, 1)
+                got = tl.atomic_add(flags_ptr + slot + 1, 0)
+                k = 0
+                while (got == 0) & (k < max_polls):
+                    got = tl.atomic_add(flags_ptr + slot + 1, 0)
+                    k += 1
+                t = now(t, fake_tick, USE_CLOCK)
+                tl.store(out_ptr + (i * rounds + r) * 3, t_ping)
+                tl.store(out_ptr + (i * rounds + r) * 3 + 1, got)
+                tl.store(out_ptr + (i * rounds + r) * 3 + 2, t)
+    else:
+        for r in range(rounds):
+            slot = (pid * rounds + r) * 2
+            seen = tl.atomic_add(flags_ptr + slot, 0)
+            k = 0
+            while (seen == 0) & (k < max_polls):
+                seen = tl.atomic_add(flags_ptr + slot, 0)
+                k += 1
+            t = now(t, fake_tick, USE_CLOCK)
+            if seen != 0:
+                tl.atomic_xchg(flags_ptr + slot + 1, t)
+
+
+def offsets_from(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per program (row 0, the reference, included): its clock's offset from program 0's (ns)
+    and the round trip it was measured over (ns), from `out` [P, rounds, 3], taking each
+    program's round of least round trip: offset = answer - (ping + back) / 2, off by at most
+    half that round trip. NaN where no round was answered."""
+    out = np.asarray(out, dtype=np.float64)
+    ping, answer, back = out[..., 0], out[..., 1], out[..., 2]
+    rtt = np.where(answer != 0, back - ping, np.inf)
+    best = rtt.argmin(axis=1)
+    rows = np.arange(out.shape[0])
+    offset = answer[rows, best] - (ping[rows, best] + back[rows, best]) / 2
+    trip = rtt[rows, best]
+    offset[~np.isfinite(trip)], trip[~np.isfinite(trip)] = np.nan, np.nan
+    offset[0], trip[0] = 0.0, 0.0
+    return offset, trip
+
+
+def sm_offsets(programs: int | None = None, rounds: int = 16, max_polls: int = 200_000, *,
+               device: str | torch.device = "cuda", clock: bool | None = None,
+               fake_tick: int = 1) -> dict[str, np.ndarray]:
+    """Each of `programs` one-warp programs' clock offset from program 0's (ns), measured by
+    ping and answer over memory; default one program per SM. Returns arrays by name: `sm`
+    (each program's SM), `offset_ns`, `round_trip_ns` (the offset's error is at most half of
+    it). Synchronises: a diagnostic for the device check, not for a training loop."""
+    dev = torch.device(device)
+    if programs is None:
+        programs = torch.cuda.get_device_properties(dev).multi_processor_count
+    if programs < 2 or rounds < 1 or max_polls < 1:
+        raise ValueError(f"need programs >= 2, rounds >= 1, max_polls >= 1; got {programs}, "
+                         f"{rounds}, {max_polls}")
+    flags = torch.zeros(programs, rounds, 2, dtype=torch.int64, device=dev)
+    out = torch.zeros(programs, rounds, 3, dtype=torch.int64, device=dev)
+    sm = torch.zeros(programs, dtype=torch.int32, device=dev)
+    _offsets_kernel[(programs,)](flags, out, sm, rounds, max_polls, fake_tick,
+                                 USE_CLOCK=use_clock(clock), num_warps=1)
+    offset, trip = offsets_from(out.cpu().numpy())
+    return {"sm": sm.cpu().numpy(), "offset_ns": offset, "round_trip_ns": trip}

@@ -183,6 +183,29 @@ def test_clock_free_reads_and_tick(k):
     assert not k["clock"].use_clock(True)  # the interpreter never reads %globaltimer
 
 
+def test_sm_offsets_never_wait_for_a_program_that_is_not_running(k):
+    """The interpreter runs programs one after another: program 0's pings go unanswered
+    while it waits, so every poll must give up (max_polls) and say so (NaN), not hang."""
+    got = k["clock"].sm_offsets(3, rounds=2, max_polls=5, device="cpu")
+    assert got["sm"].tolist() == [-1, -1, -1]  # no %smid on the clock-free path
+    assert got["offset_ns"][0] == 0.0 and np.isnan(got["offset_ns"][1:]).all()
+    assert np.isnan(got["round_trip_ns"][1:]).all()
+    with pytest.raises(ValueError, match="need programs >= 2"):
+        k["clock"].sm_offsets(1, device="cpu")
+
+
+def test_sm_offsets_from_ping_and_answer_take_the_shortest_round_trip(k):
+    # program 1's clock runs 300 ns ahead; round trips of 900 (skewed: the ping took 700 of
+    # it) and 400 ns (even); program 2 never answered
+    out = np.zeros((3, 2, 3))
+    out[1, 0] = [1000, 1000 + 700 + 300, 1900]
+    out[1, 1] = [5000, 5000 + 200 + 300, 5400]
+    out[2, :, 0] = [7000, 8000]
+    offset, trip = k["clock"].offsets_from(out)
+    assert offset[:2].tolist() == [0.0, 300.0] and trip[:2].tolist() == [0.0, 400.0]
+    assert np.isnan(offset[2]) and np.isnan(trip[2])
+
+
 # -- the reduction's NumPy twin against the policy ---------------------------------------------
 
 quarter_us = st.integers(0, 400_000).map(lambda q: q / 4.0)  # exact in float32, sums too

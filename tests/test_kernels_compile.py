@@ -87,6 +87,10 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
         "exit": compile(k["stamp"]._exit_kernel, row, stamps, clk, 1, USE_CLOCK=True,
                         num_warps=1),
     }
+    compiled["sm offsets"] = compile(k["clock"]._offsets_kernel, zeros(8, 4, 2, dtype=i64),
+                                     zeros(8, 4, 3, dtype=i64), zeros(8, dtype=i32), 4, 1000, 1,
+                                     USE_CLOCK=True, num_warps=1)
+    assert "%smid" in compiled["sm offsets"].asm["ptx"]
     for warps in (1, 16):  # the virtual cluster's barrier, on one warp and as K CTAs would
         compiled[f"barrier, {warps} warps"] = compile(
             k["barrier"]._barrier_kernel, zeros(1, dtype=i32), 8, 200_000_000, 100_000_000,
