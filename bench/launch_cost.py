@@ -78,10 +78,10 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
         out["hot_direct"] = hot.hot.direct
         for name, fn in candidates.items():
             stamps.zero_()
-            row.zero_()
+            row.fill_(float("nan"))  # a step's start: no site marked exited
             fn()
             torch.cuda.synchronize()
-            wrote = bool(stamps[site, 2].item() != 0 and row[0].item() == site + 1)
+            wrote = bool(stamps[site, 2].item() != 0 and row[2 + site].item() == 0.0)
             out[f"{name}_wrote"] = wrote
             if wrote:
                 ways[name] = fn

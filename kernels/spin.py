@@ -9,7 +9,9 @@ number of clock reads and if the clock runs backwards: it cannot spin forever. T
 writes the delay it really applied, measured on the device clock.
 
 Buffers, shared with `stamp.py` and the device engine:
-  row     float32 [2 + 2M]: n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1} (the host's layout)
+  row     float32 [2 + 2M]: n_sites, step_us, w_0..w_{M-1}, d_0..d_{M-1} (the host's layout);
+          a wait is NaN from the step's start, 0 once its site's exit is stamped, the wait
+          once `stamp.finish_row` has run
   stamps  int64 [M, 3]: arrive, enter, exit of each site, device clock (ns)
   clk     int64 [2]: exit of site 0 at the previous step (0: none), the virtual clock
           (clock-free path only)

@@ -100,9 +100,10 @@ def test_enter_and_exit_bookkeeping(k, m):
         clk[1] = t
         k["stamp"].exit_stamp(row, stamps, clk, site)
         assert stamps[site, 2] == t
-        assert row[0] == site + 1
-        assert math.isnan(row[2 + site])  # the waits come with the row, once a step
+        assert row[2 + site] == 0.0  # marked exited; the waits come with the row, once a step
+        assert torch.isnan(row[3 + site:2 + m]).all()
     k["stamp"].finish_row(row, stamps, clk)
+    assert row[0] == m
     for site in range(m):
         assert row[2 + site] == pytest.approx(250.0 + site)
     assert math.isnan(row[1])  # first step: no previous exit of site 0
@@ -118,6 +119,25 @@ def test_enter_and_exit_bookkeeping(k, m):
     assert row[2] == pytest.approx(0.0) and torch.isnan(row[3:2 + m]).all()  # site 0 alone
     assert float(usual[0]) == pytest.approx(3000.0, rel=1e-6)  # the first known arrival
     assert usual[1:].isnan().all()
+
+
+def test_the_row_counts_every_site_exited_whatever_order_the_exits_ran_in(k):
+    """An async site's exit runs on the pacing stream, a later sync site's on the current one:
+    the later may run first. The count is the last site exited, not the last exit to run; a
+    site whose exit never ran (its collective outlived the step) keeps a NaN wait."""
+    m = 4
+    row, stamps, clk = buffers(m)  # a step's start: waits NaN, as the update leaves them
+    for site in range(m):
+        k["spin"].enter(torch.zeros(m), torch.full((m,), float("nan")), row, stamps, clk, site,
+                        cap_us=100.0)
+    for site in (2, 0, 1):  # site 3 never exits
+        clk[1] = int(clk[1]) + 100_000
+        k["stamp"].exit_stamp(row, stamps, clk, site)
+    k["stamp"].finish_row(row, stamps, clk)
+    assert row[0] == 3
+    waits = (stamps[:3, 2] - stamps[:3, 1]).double() / 1e3
+    np.testing.assert_allclose(row[2:5].double().numpy(), waits.numpy())
+    assert math.isnan(row[5])
 
 
 @pytest.mark.parametrize("arrivals", [[1000.0, 1000.0, 1100.0, 1300.0, 900.0, 1600.0],
