@@ -100,6 +100,30 @@ def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
     assert len(recs) >= 40 and np.isfinite([r.step_time_us for r in recs[-10:]]).all()
 
 
+def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nccl_group):
+    """An async site runs on the pacing stream, a sync one after it on the current stream:
+    with the pacing stream held back between the async collective and its exit stamp (a sleep
+    inside the block; NCCL's stream does not wait for it), the sync site's exit stamp runs
+    first. Each step must still count both sites: a count taken from the last exit to run said
+    1 against the host's 2, and the step was dropped as a disagreement."""
+    import torch.distributed as dist
+
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    a, b = torch.ones(1024, device="cuda"), torch.ones(1024, device="cuda")
+    steps = 12
+    for _ in range(steps):
+        with pacer.collective("async", async_op=True) as issued:
+            work = dist.all_reduce(a, group=nccl_group, async_op=True)
+            torch.cuda._sleep(2_000_000)  # ~1 ms on the pacing stream, before its exit stamp
+            issued(work)
+        pacer.all_reduce(b)  # sync, on the current stream: not ordered after the sleep
+        pacer.step()
+    pacer.drain()  # the records step() has not returned yet, into the pacer's ring
+    recs = list(pacer.ring)
+    assert [r.step for r in recs] == list(range(steps))  # no step dropped
+    assert all(np.isfinite(r.wait_us).all() for r in recs)
+
+
 def test_gather_rows_on_nccl_eager_and_inside_a_graph(nccl_group):
     """The device backend's exchange as a multi-rank job runs it: all_gather_single into a
     preallocated [N, W] float32 buffer. At world size 1 the backend copies instead, so no other
