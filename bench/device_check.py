@@ -8,10 +8,10 @@ torch, triton, cupy, NCCL versions, date, commit, and every figure measured), pl
 Measured here: the timer tick; spin-wait error (applied - requested, 5 to 1000 us, p50/p99);
 added time per paced collective, eager and in a CUDA graph (single-rank NCCL all_reduce of
 4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step; plus whatever the
-GPU tests record (virtual-cluster spread error, spin coupling, learned delay); and, on the
-machine's CPU, the host backend's policy update at 4096 ranks x 4 sites; and, in a process of
-its own, the host time of one Triton launch through the JIT against a direct launch of the
-compiled kernel (`bench/launch_cost.py`). The benchmark suite of `python -m bench --suite gpu
+GPU tests record (virtual-cluster spread error, the SMs' clock offsets, spin coupling, learned
+delay); and, on the machine's CPU, the host backend's policy update at 4096 ranks x 4 sites;
+and, in a process of its own, the host time of one Triton launch through the JIT, through
+the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`). The benchmark suite of `python -m bench --suite gpu
 --quick` runs too when it is there; its files are packed into one tar. Targets on an H200
 (graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
 syncs) are compared, never assumed; the README has what the runs of 2026-11-30 measured.
@@ -426,7 +426,8 @@ def run_tests(fig_path: Path, log: Path, timeout_s: float) -> dict[str, Any]:
 
 def run_launch_cost(fig: dict[str, Any], log: Path, timeout_s: float) -> dict[str, Any]:
     """`bench/launch_cost.py` in a process of its own (a direct launch gone wrong may break
-    its CUDA context, not this one's): host us per Triton launch, through the JIT and direct."""
+    its CUDA context, not this one's): host us per Triton launch, through the JIT, Triton's
+    runner and the engine's `Hot`."""
     path = Path(tempfile.mkdtemp(prefix="gpupace-launch-")) / "launch_cost.json"
     cmd = [sys.executable, str(ROOT / "bench" / "launch_cost.py"), "--json", str(path)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
