@@ -96,9 +96,10 @@ def measure_tick(device: str | torch.device = "cuda", n_reads: int = 4096) -> fl
 # -- do the SMs agree on the time? --------------------------------------------------------------
 # The estimator subtracts stamps of one rank taken by different kernels, which may run on
 # different SMs; the virtual cluster's ground truth compares stamps across SMs. Both assume the
-# SMs read one `%globaltimer`. On the H200 (2026-11-30) the virtual cluster's estimate exceeded
-# the bound that exact stamps would give by 0.25-0.32 us; SMs off by that much would explain it.
-# `sm_offsets` measures it: program 0 pings each other program and it answers with its clock.
+# SMs read one `%globaltimer`. (The virtual cluster's estimate once exceeded its exact-stamp
+# bound by 0.25-0.32 us on the H200; that was float64 rounding of the stamps on the host, fixed,
+# but SMs that disagree would do the same.) `sm_offsets` measures it: program 0 pings each other
+# program and it answers with its clock.
 
 
 @triton.jit
@@ -123,20 +124,23 @@ def _offsets_kernel(flags_ptr, out_ptr, sm_ptr, rounds, max_polls, fake_tick,
     t = tl.load(out_ptr) * 0  # the clock-free path's start
     if pid == 0:
         for i in range(1, tl.num_programs(0)):
+            alive = 1  # a program that missed one round is not pinged again
             for r in range(rounds):
-                slot = (i * rounds + r) * 2
-                t = now(t, fake_tick, USE_CLOCK)
-                t_ping = t
-                tl.atomic_xchg(flags_ptr + slot, 1)
-                got = tl.atomic_add(flags_ptr + slot + 1, 0)
-                k = 0
-                while (got == 0) & (k < max_polls):
+                if alive != 0:
+                    slot = (i * rounds + r) * 2
+                    t = now(t, fake_tick, USE_CLOCK)
+                    t_ping = t
+                    tl.atomic_xchg(flags_ptr + slot, 1)
                     got = tl.atomic_add(flags_ptr + slot + 1, 0)
-                    k += 1
-                t = now(t, fake_tick, USE_CLOCK)
-                tl.store(out_ptr + (i * rounds + r) * 3, t_ping)
-                tl.store(out_ptr + (i * rounds + r) * 3 + 1, got)
-                tl.store(out_ptr + (i * rounds + r) * 3 + 2, t)
+                    k = 0
+                    while (got == 0) & (k < max_polls):
+                        got = tl.atomic_add(flags_ptr + slot + 1, 0)
+                        k += 1
+                    t = now(t, fake_tick, USE_CLOCK)
+                    tl.store(out_ptr + (i * rounds + r) * 3, t_ping)
+                    tl.store(out_ptr + (i * rounds + r) * 3 + 1, got)
+                    tl.store(out_ptr + (i * rounds + r) * 3 + 2, t)
+                    alive = (got != 0).to(tl.int32)
     else:
         for r in range(rounds):
             slot = (pid * rounds + r) * 2
@@ -155,31 +159,39 @@ def offsets_from(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     and the round trip it was measured over (ns), from `out` [P, rounds, 3], taking each
     program's round of least round trip: offset = answer - (ping + back) / 2, off by at most
     half that round trip. NaN where no round was answered."""
-    out = np.asarray(out, dtype=np.float64)
+    out = np.asarray(out, dtype=np.int64)
     ping, answer, back = out[..., 0], out[..., 1], out[..., 2]
-    rtt = np.where(answer != 0, back - ping, np.inf)
+    # Differences in int64 first: the clock counts ns since 1970 (~1.8e18), where a float64
+    # holds only multiples of 256 ns.
+    there, trip = (answer - ping).astype(np.float64), (back - ping).astype(np.float64)
+    rtt = np.where(answer != 0, trip, np.inf)
     best = rtt.argmin(axis=1)
     rows = np.arange(out.shape[0])
-    offset = answer[rows, best] - (ping[rows, best] + back[rows, best]) / 2
+    offset = there[rows, best] - trip[rows, best] / 2
     trip = rtt[rows, best]
     offset[~np.isfinite(trip)], trip[~np.isfinite(trip)] = np.nan, np.nan
     offset[0], trip[0] = 0.0, 0.0
     return offset, trip
 
 
+MAX_PROGRAMS = 1024
+
+
 def sm_offsets(programs: int | None = None, rounds: int = 16, max_polls: int = 200_000, *,
                device: str | torch.device = "cuda", clock: bool | None = None,
                fake_tick: int = 1) -> dict[str, np.ndarray]:
     """Each of `programs` one-warp programs' clock offset from program 0's (ns), measured by
-    ping and answer over memory; default one program per SM. Returns arrays by name: `sm`
-    (each program's SM), `offset_ns`, `round_trip_ns` (the offset's error is at most half of
-    it). Synchronises: a diagnostic for the device check, not for a training loop."""
+    ping and answer over memory; by default as many programs as SMs (the scheduler places
+    them: `sm` says where each ran). Returns arrays by name: `sm`, `offset_ns`,
+    `round_trip_ns` (the offset's error is at most half of it). A program that is not running
+    when pinged costs at most `max_polls` polls once (~0.1 s), then is skipped. Synchronises:
+    a diagnostic for the device check, not for a training loop."""
     dev = torch.device(device)
     if programs is None:
         programs = torch.cuda.get_device_properties(dev).multi_processor_count
-    if programs < 2 or rounds < 1 or max_polls < 1:
-        raise ValueError(f"need programs >= 2, rounds >= 1, max_polls >= 1; got {programs}, "
-                         f"{rounds}, {max_polls}")
+    if not 2 <= programs <= MAX_PROGRAMS or rounds < 1 or max_polls < 1:
+        raise ValueError(f"need 2 <= programs <= {MAX_PROGRAMS}, rounds >= 1, max_polls >= 1; "
+                         f"got {programs}, {rounds}, {max_polls}")
     flags = torch.zeros(programs, rounds, 2, dtype=torch.int64, device=dev)
     out = torch.zeros(programs, rounds, 3, dtype=torch.int64, device=dev)
     sm = torch.zeros(programs, dtype=torch.int32, device=dev)

@@ -210,17 +210,20 @@ def test_sm_offsets_never_wait_for_a_program_that_is_not_running(k):
     assert got["sm"].tolist() == [-1, -1, -1]  # no %smid on the clock-free path
     assert got["offset_ns"][0] == 0.0 and np.isnan(got["offset_ns"][1:]).all()
     assert np.isnan(got["round_trip_ns"][1:]).all()
-    with pytest.raises(ValueError, match="need programs >= 2"):
-        k["clock"].sm_offsets(1, device="cpu")
+    for programs in (1, 1025):
+        with pytest.raises(ValueError, match="need 2 <= programs <= 1024"):
+            k["clock"].sm_offsets(programs, device="cpu")
 
 
 def test_sm_offsets_from_ping_and_answer_take_the_shortest_round_trip(k):
     # program 1's clock runs 300 ns ahead; round trips of 900 (skewed: the ping took 700 of
-    # it) and 400 ns (even); program 2 never answered
-    out = np.zeros((3, 2, 3))
-    out[1, 0] = [1000, 1000 + 700 + 300, 1900]
-    out[1, 1] = [5000, 5000 + 200 + 300, 5400]
-    out[2, :, 0] = [7000, 8000]
+    # it) and 400 ns (even); program 2 never answered. The clock counts ns since 1970: as
+    # float64 such stamps are multiples of 256 ns, so the differences must come first.
+    t = 1_764_547_200_123_456_789
+    out = np.zeros((3, 2, 3), dtype=np.int64)
+    out[1, 0] = [t + 1000, t + 1000 + 700 + 300, t + 1900]
+    out[1, 1] = [t + 5000, t + 5000 + 200 + 300, t + 5400]
+    out[2, :, 0] = [t + 7000, t + 8000]
     offset, trip = k["clock"].offsets_from(out)
     assert offset[:2].tolist() == [0.0, 300.0] and trip[:2].tolist() == [0.0, 400.0]
     assert np.isnan(offset[2]) and np.isnan(trip[2])

@@ -48,13 +48,15 @@ def test_estimated_spread_matches_shared_clock_truth(figures):
     # The estimator's own bound: it takes every rank to leave a collective at once, so it is
     # off by at most the exit spread (exit stamps launched on N streams). On the H200 of
     # 2026-11-30 site 1, all launch jitter, was estimated 3.5 us off, past 2 us. With rows
-    # made of these stamps (w + d = exit - arrival) the bound is exact, yet four runs exceeded
-    # it by 0.25-0.32 us, and the last with every row used in every step: not understood, so
-    # 0.5 us of slack, and the excess and the dropped rows recorded. To look into.
+    # made of these stamps (w + d = exit - arrival) the bound is exact but for the estimate's
+    # float32 rounding. Four runs exceeded it by 0.25-0.32 us: the truth was computed from
+    # stamps made float64 before their differences were taken, multiples of 256 ns at ~1.8e18
+    # ns (fixed in VirtualCluster.results). If SMs disagree on the time, this fails: see the
+    # SMs' clock offsets (test_device_kernels).
     full = r.n_valid[2:] == n
     figures["vcluster_steps_with_a_row_dropped"] = f"{int((~full).sum())} of {full.size}"
     figures["vcluster_bound_excess_us"] = float((err - x).max())
-    assert (err <= x + 0.5).all(), (err.max(), x[np.unravel_index(err.argmax(), err.shape)])
+    assert (err <= x + 0.05).all(), (err.max(), x[np.unravel_index(err.argmax(), err.shape)])
     # Where the skew is, the error is within the issue's max(2 us, 5%).
     assert (err[:, 0] <= target[:, 0]).all(), (err[:, 0].max(), t[err[:, 0].argmax(), 0])
 
