@@ -16,6 +16,7 @@ tight loop, so a lower bound of what a training step pays.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import time
 from collections.abc import Iterator
@@ -34,7 +35,8 @@ def _interpreting() -> Iterator[None]:
     """The device engine runs on a CPU device only under Triton's interpreter; it launches
     nothing here, but checks that flag when built. Setting Triton's knob also sets
     TRITON_INTERPRET in the environment: both are put back as they were, or kernels imported
-    later in this process would be interpreted ones."""
+    later in this process would be interpreted ones (the kernel modules must be imported
+    before, for the same reason)."""
     import triton
 
     knobs = triton.knobs.runtime
@@ -57,6 +59,11 @@ def paced_loop(group, sites: int = SITES):
     """A Pacer on `group` (one rank) with a CPU-device DeviceEngine whose launches count
     instead of running; returns (one_step() -> (sites_ns, step_ns), counts)."""
     from gpupace import PaceConfig, Pacer
+
+    # Imported before the flag is set: @triton.jit decides at import whether a kernel is an
+    # interpreted one, and the GPU suite may run later in this process.
+    for name in ("clock", "reduce", "spin", "stamp", "update"):
+        importlib.import_module(f"gpupace.kernels.{name}")
 
     cfg = PaceConfig(mode="pace", max_sites=sites)
     pacer = Pacer(cfg, group, backend="host")

@@ -11,8 +11,9 @@ added time per paced collective, eager and in a CUDA graph (single-rank NCCL all
 GPU tests record (virtual-cluster spread error, the SMs' clock offsets, spin coupling, learned
 delay); and, on the machine's CPU, the host backend's policy update at 4096 ranks x 4 sites;
 and, in a process of its own, the host time of one Triton launch through the JIT, through
-the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`). The benchmark suite of `python -m bench --suite gpu
---quick` runs too when it is there; its files are packed into one tar. Targets on an H200
+the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`). The
+benchmark suite of `python -m bench --suite gpu --quick` runs too when it is there; its files
+are packed into one tar. Targets on an H200
 (graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
 syncs) are compared, never assumed; the README has what the runs of 2026-11-30 measured.
 

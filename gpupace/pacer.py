@@ -162,7 +162,8 @@ class Pacer(Joinable):
         return self.config.mode != "off"
 
     # -- sites ------------------------------------------------------------------------------
-    def collective(self, name: str = "", *, async_op: bool = False) -> _Paced:
+    def collective(self, name: str = "", *,
+                   async_op: bool = False) -> contextlib.AbstractContextManager[Callable]:
         """Paces the one collective issued inside the block: stamps arrival and waits this
         rank's delay on entry, then yields `issued(work)`, to call right after issuing it with
         its work handle (None for a synchronous collective); the exit is stamped when the work
@@ -393,13 +394,12 @@ class _Paced:
         except BaseException as e:
             if not self._issue.__exit__(type(e), e, e.__traceback__):
                 raise
-        return self.issued
+        return self._issued_async if self._async else _UNPACED.issued
 
-    def issued(self, work: Any = None) -> None:
-        """Right after issuing the collective, with its work handle (async): the exit is
-        stamped when it completes. A synchronous block's exit is stamped when it ends."""
-        if self._async:
-            self._engine.leave(self._ticket, work)
+    def _issued_async(self, work: Any) -> None:
+        """Right after issuing the async collective, with its work handle: the exit is stamped
+        when it completes. (A synchronous block's exit is stamped when the block ends.)"""
+        self._engine.leave(self._ticket, work)
 
     def __exit__(self, *exc: Any) -> bool | None:
         try:

@@ -55,7 +55,8 @@ class Hot:
     def __init__(self, fn: Any, grid: tuple[int, ...], args: list[Any], free: int | None,
                  meta: dict[str, Any]):
         self._fn, self._grid, self._args, self._free, self._meta = fn, grid, list(args), free, meta
-        self._run: Any = None  # CompiledKernel.run, once bound without hooks
+        self._compiled: Any = None  # kept: Triton unloads a CompiledKernel's module on __del__
+        self._run: Any = None  # its run, once bound without hooks
         self._head: tuple = ()  # what `run` takes before the stream: the grid
         self._tail: tuple = ()  # and after it: the function, its metadata, no hooks
         self._raw: list[Any] = []  # the arguments, tensors as their data pointers
@@ -84,6 +85,7 @@ class Hot:
                                                                "packed_metadata")):
             grid = (*self._grid, 1, 1)[:3]
             runner = compiled[grid]  # loads the module: `function` is set from here on
+            self._compiled = compiled
             if launch_hooks_set():
                 self._runner = runner
                 return

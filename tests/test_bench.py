@@ -138,6 +138,27 @@ def test_quick_cpu_suite_through_main(tmp_path):
     assert len(list(tmp_path.glob("*.png"))) >= 2
 
 
+@pytest.mark.timeout(120)
+def test_host_path_leaves_the_kernels_compiled_ones_for_a_gpu_suite_after_it(tmp_path):
+    """host_path builds a device engine under the interpreter's flag; `--suite all` then runs
+    the GPU suite in the same process, whose kernels must not be interpreted ones (they were:
+    the engine imported the kernel modules first, under the flag)."""
+    script = (
+        "import sys, triton\n"
+        "from bench.__main__ import main\n"
+        f"argv = ['--suite', 'cpu', '--quick', '--only', 'host_path', '--out', {str(tmp_path)!r}]\n"
+        "assert main(argv) == 0\n"
+        "from gpupace.kernels import clock, stamp\n"
+        "from triton.runtime.jit import JITFunction\n"
+        "assert not clock.interpreting()\n"
+        "assert isinstance(stamp._exit_kernel, JITFunction), type(stamp._exit_kernel)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent,
+                         env=env, capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
 @pytest.mark.skipif(gpu_missing() is None, reason="CUDA is present: the skip path cannot run")
 def test_gpu_suite_skips_cleanly_without_cuda(tmp_path):
     proc = subprocess.run(

@@ -290,7 +290,9 @@ def test_a_paced_block_that_raises_is_still_left_and_its_error_goes_through():
         assert np.isnan(eng.wait_us[1])  # an async block is left by issued(work), not its end
         issued(None)
     assert np.isfinite(eng.wait_us[1])
-    assert pacer.step().wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async"]
+    with pytest.raises(TypeError), pacer.collective("no handle", async_op=True) as issued:
+        issued()  # an async exit needs the work handle, to be stamped after the collective
+    assert pacer.step().wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async", "no handle"]
     off = Pacer(PaceConfig(mode="off"))
     with off.collective("x", async_op=True) as issued:
         issued(object())  # with pacing off, nothing is stamped or waited on
