@@ -166,8 +166,8 @@ class VirtualCluster:
         s = self.steps
         # Differences first, in int64: `%globaltimer` counts ns since 1970 (~1.8e18), where a
         # float64 holds only multiples of 256 ns. Converted before subtracting, the stamps
-        # made the truth up to ~0.5 us wrong: the estimate's 0.25-0.32 us "excess" over its
-        # exact bound on the H200 of 2026-11-30.
+        # made the truth up to ~0.5 us wrong, most likely the estimate's 0.25-0.32 us "excess"
+        # over its exact bound on the H200 of 2026-11-30 (not yet rerun on a GPU).
         base = self.arrive_hist[:s].min() if s else 0
 
         def us(hist: torch.Tensor) -> np.ndarray:

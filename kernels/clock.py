@@ -97,9 +97,9 @@ def measure_tick(device: str | torch.device = "cuda", n_reads: int = 4096) -> fl
 # The estimator subtracts stamps of one rank taken by different kernels, which may run on
 # different SMs; the virtual cluster's ground truth compares stamps across SMs. Both assume the
 # SMs read one `%globaltimer`. (The virtual cluster's estimate once exceeded its exact-stamp
-# bound by 0.25-0.32 us on the H200; that was float64 rounding of the stamps on the host, fixed,
-# but SMs that disagree would do the same.) `sm_offsets` measures it: program 0 pings each other
-# program and it answers with its clock.
+# bound by 0.25-0.32 us on the H200: most likely float64 rounding of the stamps on the host,
+# since fixed, but SMs that disagree would do the same.) `sm_offsets` measures it: program 0
+# pings each other program and it answers with its clock.
 
 
 @triton.jit

@@ -49,10 +49,10 @@ def test_estimated_spread_matches_shared_clock_truth(figures):
     # off by at most the exit spread (exit stamps launched on N streams). On the H200 of
     # 2026-11-30 site 1, all launch jitter, was estimated 3.5 us off, past 2 us. With rows
     # made of these stamps (w + d = exit - arrival) the bound is exact but for the estimate's
-    # float32 rounding. Four runs exceeded it by 0.25-0.32 us: the truth was computed from
-    # stamps made float64 before their differences were taken, multiples of 256 ns at ~1.8e18
-    # ns (fixed in VirtualCluster.results). If SMs disagree on the time, this fails: see the
-    # SMs' clock offsets (test_device_kernels).
+    # float32 rounding. Four runs exceeded it by 0.25-0.32 us, most likely because the truth
+    # was computed from stamps made float64 before their differences were taken, multiples
+    # of 256 ns at ~1.8e18 ns (fixed in VirtualCluster.results). If SMs disagree on the time,
+    # this fails: see the SMs' clock offsets (test_device_kernels).
     full = r.n_valid[2:] == n
     figures["vcluster_steps_with_a_row_dropped"] = f"{int((~full).sum())} of {full.size}"
     figures["vcluster_bound_excess_us"] = float((err - x).max())
