@@ -232,6 +232,21 @@ def test_eager_ring_copies_take_only_the_new_slots_and_lose_no_record(interp, mo
     assert len(returned) >= 24
 
 
+def test_tail_graphs_are_for_cuda_alone(interp, monkeypatch):
+    """GPUPACE_TAIL_GRAPH=1 asks eager steps to replay their tail from a CUDA graph; on a CPU
+    device there is none, and the steps launch their tail as before."""
+    from gpupace.backends.device import DeviceEngine
+
+    monkeypatch.setenv("GPUPACE_TAIL_GRAPH", "1")
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=1), None, 0, 1, device="cpu")
+    assert eng._tail is None
+    for step in range(2):
+        eng.clk[1] += 5000
+        eng.exit(eng.arrive())
+        eng.end_step(step, 0.0)
+    assert int(eng.state["counter"][0, 0]) == 2  # both steps' updates ran
+
+
 def test_engine_warmup_leaves_the_state_alone(interp):
     eng, *_ = run_engine(3)
     before = {k: v.clone() for k, v in eng.state.items()}

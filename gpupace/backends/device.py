@@ -17,7 +17,9 @@ since the last copy are copied (the host counts the steps); once a step has been
 replays move the device's step counter unseen and each copy takes the whole ring (16.8 MB at
 4096 ranks). In graph mode call `drain()` outside the replay loop (it synchronises) at least
 every `ring_len` replays, or records are lost.
-CUDA events time the compute and collective phases in eager mode (`phase_times()`).
+CUDA events time the compute and collective phases in eager mode (`phase_times()`). With
+`GPUPACE_TAIL_GRAPH=1` eager steps replay their reduction and update from a CUDA graph
+(`backends/tail.py`; opt-in until measured on a GPU).
 
 Limits, bluntly: sites are matched by order, and a captured graph fixes the site count; on
 an H200 a paced collective adds 3.1-3.2 us in a CUDA graph at 8 a step (target 3 us) and
@@ -42,6 +44,7 @@ from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
 from . import NO_FORK, cuda_device, device_backend_missing, gather_rows
+from .tail import TailGraphs, tail_graph_wanted
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
 # Eager phase timing records two CUDA events per site, a few us of host time each: sample one
@@ -161,7 +164,22 @@ class DeviceEngine:
         self._finish = stamp.row_finisher(self.row, self.stamps, self.clk)
         self._update = update.updater(self.gathered, self.row, self.red, self.state, self.ring,
                                       self.ring_step, self.params, rank=rank)
+        self._tail: TailGraphs | None = None
+        self.use_tail_graphs(tail_graph_wanted())
         self._new_step()
+
+    def use_tail_graphs(self, on: bool) -> None:
+        """Eager steps replay their reduction and update from a CUDA graph captured once per
+        site count (`backends/tail.py`; `GPUPACE_TAIL_GRAPH=1`), or launch them. CUDA only."""
+        if not on or not self._cuda:
+            self._tail = None
+            return
+
+        def prepare(stream) -> None:  # outside the capture: CuPy's views and its stream view
+            self._views()
+            self._k_reduce.warmup(stream.cuda_stream, self.device.index or 0)
+
+        self._tail = TailGraphs(self._reduce_and_update, self.device, prepare)
 
     # -- helpers ------------------------------------------------------------------------------
     def _new_step(self) -> None:
@@ -274,8 +292,10 @@ class DeviceEngine:
         n = min(self.n_sites, self.max_sites)
         self._finish()  # the row's waits and step time, from the step's stamps
         self._exchange()
-        self._reduce(n)
-        self._update(n)
+        # From the second eager step on both kernels are compiled: the graphs may capture them.
+        graphed = self._tail is not None and not capturing and self._calls >= 1 and self._tail(n)
+        if not graphed:
+            self._reduce_and_update(n)
         if capturing:
             self._captured = True
             self._new_step()
@@ -293,6 +313,11 @@ class DeviceEngine:
         self._new_step()
         self._poll(self._calls % COPY_EVERY == 0)
         return self._records.popleft() if self._records else None
+
+    def _reduce_and_update(self, n: int) -> None:
+        """The step's kernels after the exchange, on the current stream."""
+        self._reduce(n)
+        self._update(n)
 
     # At world size 1 the exchange is a copy. The benchmarks set this to run the all_gather
     # all the same: the added time per collective they report is then what a step of many

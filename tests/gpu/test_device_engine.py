@@ -124,6 +124,41 @@ def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nc
     assert all(np.isfinite(r.wait_us).all() for r in recs)
 
 
+def test_eager_steps_replay_their_tail_from_a_graph_per_site_count(nccl_group, figures):
+    """GPUPACE_TAIL_GRAPH=1: from the second eager step, the step's reduction and update are
+    captured once per site count and replayed; with no host sync, and every step's record as
+    with launches."""
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    eng = pacer._engine
+    eng.use_tail_graphs(True)
+    x = torch.ones(1024, device="cuda")
+
+    def step(sites):
+        for _ in range(sites):
+            pacer.all_reduce(x)
+        pacer.step()
+
+    for _ in range(3):  # the second step captures the 2-site graph
+        step(2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(20):
+            step(2)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    for _ in range(5):
+        step(3)
+    pacer.drain()
+    recs = list(pacer.ring)
+    figures["tail_graph"] = {"graphs": sorted(eng._tail.graphs), "failed": eng._tail.failed}
+    assert eng._tail.failed is None and sorted(eng._tail.graphs) == [2, 3]
+    assert int(eng.state["counter"][0, 0].item()) == 28  # every step's update ran
+    assert [r.step for r in recs] == list(range(28))
+    assert [len(r.site_spread_us) for r in recs] == [2] * 23 + [3] * 5
+    assert np.isfinite([r.step_time_us for r in recs[1:]]).all()
+
+
 def test_gather_rows_on_nccl_eager_and_inside_a_graph(nccl_group):
     """The device backend's exchange as a multi-rank job runs it: all_gather_single into a
     preallocated [N, W] float32 buffer. At world size 1 the backend copies instead, so no other
