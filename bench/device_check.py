@@ -11,7 +11,8 @@ added time per paced collective, eager and in a CUDA graph (single-rank NCCL all
 GPU tests record (virtual-cluster spread error, the SMs' clock offsets, spin coupling, learned
 delay); and, on the machine's CPU, the host backend's policy update at 4096 ranks x 4 sites;
 and, in a process of its own, the host time of one Triton launch through the JIT, through
-the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`). The
+the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`); and,
+last, eager steps with the opt-in tail graph against the default (`bench_tail_graph`). The
 benchmark suite of `python -m bench --suite gpu --quick` runs too when it is there; its files
 are packed into one tar. Targets on an H200
 (graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
@@ -251,60 +252,19 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
     in-place all_reduce of one rank launched nothing there, so the paced graph's time is what
     pacing adds, its exchange's copy included."""
     import torch
-    import torch.distributed as dist
 
-    from gpupace import PaceConfig, Pacer
-
-    group = _nccl_group()
     x = torch.ones(1024, device="cuda")
     out: dict[str, Any] = fig.setdefault("overhead", {})  # each figure kept once measured
     for sites in (1, 8):
-        pacers = {}
-        for name in ("paced", "paced_tail_graph"):  # the second replays reduction and update
-            pacers[name] = Pacer(PaceConfig(mode="pace", max_sites=8), group, backend="device")
-            pacers[name]._engine.gather_alone = True  # world 1: time the all_gather all the same
-        pacers["paced_tail_graph"]._engine.use_tail_graphs(True)
-        pacer = pacers["paced"]
-
-        def plain(sites=sites):
-            for _ in range(sites):
-                dist.all_reduce(x)
-
-        def paced_with(p, sites=sites):
-            def run():
-                for _ in range(sites):
-                    p.all_reduce(x)
-                p.step()
-            return run
-
-        ways = {"plain": plain, **{k: paced_with(p) for k, p in pacers.items()}}
-        paced = ways["paced"]
-        for _ in range(3):  # warm-up: compile, NCCL init, pinned buffers, the tail graph
-            for fn in ways.values():
-                fn()
-        torch.cuda.synchronize()
-        eager = {k: [] for k in ways}
-        for _ in range(windows):
-            for name, fn in ways.items():  # interleaved
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    fn()
-                torch.cuda.synchronize()
-                eager[name].append((time.perf_counter() - t0) / iters * 1e6)
-        for name, key in (("paced", f"eager_{sites}_sites"),
-                          # not "eager_...": the verdict judges the default, launched tail
-                          ("paced_tail_graph", f"tail_graph_eager_{sites}_sites")):
-            diff = (np.array(eager[name]) - np.array(eager["plain"])) / sites
-            out[key] = {
-                "per_collective_us": quantiles(diff),
-                "plain_step_us": quantiles(eager["plain"]),
-                "paced_step_us": quantiles(eager[name]),
-            }
-        tail = pacers["paced_tail_graph"]._engine._tail
-        out[f"tail_graph_eager_{sites}_sites"]["graphs"] = sorted(tail.graphs) if tail else None
-        out[f"tail_graph_eager_{sites}_sites"]["failed"] = tail.failed if tail else "off"
-        pacers["paced_tail_graph"].close()
-        pacers["paced_tail_graph"]._engine.use_tail_graphs(False)  # its graphs go before NCCL
+        pacer = _paced_pacer(use_tail_graphs=False)  # the default, whatever the env says
+        plain, paced = _plain_steps(x, sites), _paced_steps(pacer, x, sites)
+        eager = _eager_step_us({"plain": plain, "paced": paced}, windows, iters)
+        diff = (np.array(eager["paced"]) - np.array(eager["plain"])) / sites
+        out[f"eager_{sites}_sites"] = {
+            "per_collective_us": quantiles(diff),
+            "plain_step_us": quantiles(eager["plain"]),
+            "paced_step_us": quantiles(eager["paced"]),
+        }
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         graphs = {}
@@ -341,6 +301,82 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
         pacer.close()
         del graphs, g  # before any NCCL teardown: graphs holding NCCL kernels must go first
         torch.cuda.synchronize()
+
+
+def _paced_pacer(use_tail_graphs: bool):
+    """A device-backend pacer on the one-rank NCCL group that runs its exchange's all_gather
+    (at world size 1 it would copy): what a step of many ranks pays for it."""
+    from gpupace import PaceConfig, Pacer
+
+    pacer = Pacer(PaceConfig(mode="pace", max_sites=8), _nccl_group(), backend="device")
+    pacer._engine.gather_alone = True
+    pacer._engine.use_tail_graphs(use_tail_graphs)
+    return pacer
+
+
+def _plain_steps(x, sites: int):
+    import torch.distributed as dist
+
+    def plain() -> None:
+        for _ in range(sites):
+            dist.all_reduce(x)
+    return plain
+
+
+def _paced_steps(pacer, x, sites: int):
+    def paced() -> None:
+        for _ in range(sites):
+            pacer.all_reduce(x)
+        pacer.step()
+    return paced
+
+
+def _eager_step_us(ways: dict[str, Any], windows: int, iters: int) -> dict[str, list[float]]:
+    """Host us per step of each way, interleaved window by window, a sync ending each window;
+    after three untimed rounds (compiles, NCCL init, pinned buffers, a tail graph's capture)."""
+    import torch
+
+    for _ in range(3):
+        for fn in ways.values():
+            fn()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    for _ in range(windows):
+        for name, fn in ways.items():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t0) / iters * 1e6)
+    return times
+
+
+def bench_tail_graph(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> None:
+    """Eager steps whose reduction and update replay from a CUDA graph (`GPUPACE_TAIL_GRAPH`,
+    opt-in) against the default launches, interleaved with plain steps in one loop. A phase of
+    its own, after the others: a failed capture raises, and may leave torch's allocator in a
+    capture's state. Rows `tail_graph_eager_*` (kept out of the eager verdict, which judges
+    the default) with the default's figure of the same loop beside them."""
+    import torch
+
+    x = torch.ones(1024, device="cuda")
+    out: dict[str, Any] = fig.setdefault("overhead", {})
+    for sites in (1, 8):
+        pacers = {"paced": _paced_pacer(False), "tail_graph": _paced_pacer(True)}
+        ways = {"plain": _plain_steps(x, sites),
+                **{k: _paced_steps(p, x, sites) for k, p in pacers.items()}}
+        eager = _eager_step_us(ways, windows, iters)
+        added = {k: (np.array(eager[k]) - np.array(eager["plain"])) / sites for k in pacers}
+        tail = pacers["tail_graph"]._engine._tail
+        out[f"tail_graph_eager_{sites}_sites"] = {
+            "per_collective_us": quantiles(added["tail_graph"]),
+            "default_per_collective_us_same_loop": quantiles(added["paced"]),
+            "plain_step_us": quantiles(eager["plain"]),
+            "paced_step_us": quantiles(eager["tail_graph"]),
+            "graphs": sorted(tail.graphs),
+        }
+        for p in pacers.values():
+            p.close()
 
 
 def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
@@ -713,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     save("launch_cost")
     microbenchmark("overhead", bench_overhead, "device")
     microbenchmark("syncs", bench_syncs, "device")
+    microbenchmark("tail_graph", bench_tail_graph, "device")
     if args.no_suite:
         res["bench_suite"] = {"ran": False, "why": "--no-suite"}
     elif left() < 30:

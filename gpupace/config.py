@@ -17,8 +17,10 @@ from typing import Any
 
 MODES = ("off", "observe", "pace")
 ENV_PREFIX = "GPUPACE_"
-# GPUPACE_* variables that are not PaceConfig fields: the device check's and its tests'.
-OTHER_ENV = {"GPUPACE_CHECK_T0", "GPUPACE_CHECK_RESTARTED", "GPUPACE_COMMIT", "GPUPACE_FIGURES"}
+# GPUPACE_* variables that are not PaceConfig fields: the device backend's launch switches
+# (kernels/launch.py, backends/tail.py), and the device check's and its tests'.
+OTHER_ENV = {"GPUPACE_DIRECT_LAUNCH", "GPUPACE_TAIL_GRAPH", "GPUPACE_CHECK_T0",
+             "GPUPACE_CHECK_RESTARTED", "GPUPACE_COMMIT", "GPUPACE_FIGURES"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

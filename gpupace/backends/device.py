@@ -293,8 +293,9 @@ class DeviceEngine:
         self._finish()  # the row's waits and step time, from the step's stamps
         self._exchange()
         # From the second eager step on both kernels are compiled: the graphs may capture them.
-        graphed = self._tail is not None and not capturing and self._calls >= 1 and self._tail(n)
-        if not graphed:
+        if self._tail is not None and not capturing and self._calls >= 1:
+            self._tail(n)
+        else:
             self._reduce_and_update(n)
         if capturing:
             self._captured = True

@@ -11,22 +11,22 @@ collectives on the group's own stream, and a captured all_gather replayed on the
 stream would not be ordered after a collective of the user's still in flight on that group.
 
 Opt-in (`GPUPACE_TAIL_GRAPH=1`) until a GPU has measured it: not yet measured on a GPU. A
-capture needs both compiled and CuPy's view of the capturing stream made: the engine asks for
-it from its second eager step on. Capturing does not synchronise (`capture_begin`, not
-`torch.cuda.graph`, which does), and captures in thread-local mode, so that other threads'
-CUDA calls (a data loader's) go on. A capture that fails turns the graphs off for the engine,
-with a warning, and the step launches its kernels.
+capture needs both kernels compiled and CuPy's view of the capturing stream made: the engine
+asks for it from its second eager step on. It uses `capture_begin` in thread-local mode, not
+`torch.cuda.graph` (which synchronises), so other threads' CUDA calls (a data loader's) go
+on; some torch versions still wait in `capture_begin` for the process group's pending NCCL
+work, once per site count. A capture that fails raises: torch's caching allocator may be left
+routing allocations to the failed graph's pool, so going on with launches would not be safe.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from ..warn import warn
 
 TAIL_GRAPH_ENV = "GPUPACE_TAIL_GRAPH"
 
@@ -37,8 +37,9 @@ def tail_graph_wanted() -> bool:
 
 class TailGraphs:
     """`tail(n)` (enqueues kernels for a step of `n` sites on the current stream; no
-    collective), captured once per `n` on a stream of its own and replayed on the current one. `prepare(stream)` runs
-    before each capture, outside it (e.g. makes CuPy's view of the capturing stream)."""
+    collective), captured once per `n` on a stream of its own and replayed on the current
+    one. `prepare(stream)` runs before each capture, outside it (e.g. makes CuPy's view of the
+    capturing stream). `failed` says why a capture failed (it raised)."""
 
     def __init__(self, tail: Callable[[int], None], device: torch.device,
                  prepare: Callable[[Any], None] | None = None):
@@ -47,38 +48,35 @@ class TailGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.failed: str | None = None
 
-    def __call__(self, n: int) -> bool:
-        """Runs the tail for `n` sites from its graph, capturing it first if new. False (and
-        nothing enqueued) when the graphs are off: the caller then launches the tail itself."""
-        if self.failed is not None:
-            return False
+    def __call__(self, n: int) -> None:
+        """Runs the tail for `n` sites from its graph, capturing it first if new."""
         g = self.graphs.get(n)
         if g is None:
             g = self._capture(n)
-            if g is None:
-                return False
         g.replay()
-        return True
 
-    def _capture(self, n: int) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, n: int) -> torch.cuda.CUDAGraph:
         s = self._stream
-        if self._prepare is not None:
-            self._prepare(s)
-        # Before the capture (a capture must not wait on an event from outside it), as
-        # torch.cuda.graph does; the replays run on the current stream, in its order.
-        s.wait_stream(torch.cuda.current_stream())
-        g = torch.cuda.CUDAGraph()
         try:
+            if self._prepare is not None:
+                self._prepare(s)
+            # Before the capture (a capture must not wait on an event from outside it), as
+            # torch.cuda.graph does; the replays run on the current stream, in its order.
+            s.wait_stream(torch.cuda.current_stream())
+            g = torch.cuda.CUDAGraph()
             with torch.cuda.stream(s):
                 g.capture_begin(capture_error_mode="thread_local")
                 try:
                     self._tail(n)
-                finally:
-                    g.capture_end()
-        except Exception as e:  # noqa: BLE001 - training goes on with launches
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the tail's error is the one to tell
+                        g.capture_end()
+                    raise
+                g.capture_end()
+        except Exception as e:
             self.failed = f"{type(e).__name__}: {e}"
-            warn(f"gpupace: capturing the step's reduction and update in a CUDA graph failed, "
-                 f"so eager steps launch them as before ({TAIL_GRAPH_ENV}=1): {self.failed}")
-            return None
+            raise RuntimeError(
+                f"gpupace: capturing the step's reduction and update ({n} sites) in a CUDA graph "
+                f"failed; unset {TAIL_GRAPH_ENV} to launch them instead") from e
         self.graphs[n] = g
         return g

@@ -126,32 +126,46 @@ def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nc
 
 def test_eager_steps_replay_their_tail_from_a_graph_per_site_count(nccl_group, figures):
     """GPUPACE_TAIL_GRAPH=1: from the second eager step, the step's reduction and update are
-    captured once per site count and replayed; with no host sync, and every step's record as
-    with launches."""
+    captured once per site count and replayed: no host sync (the captures included), every
+    step updated and recorded, and the last replay's reduction what its NumPy twin makes of
+    that step's gathered rows (a graph that left the reduction out would leave stale ones)."""
+    import time
+
+    from gpupace.kernels.reduce import reduce_reference
+
     pacer = Pacer(paced_config(), nccl_group, backend="device")
     eng = pacer._engine
+    eng.gather_alone = True  # the exchange's all_gather runs at world size 1 too
     eng.use_tail_graphs(True)
     x = torch.ones(1024, device="cuda")
+    host_ms = []
 
     def step(sites):
+        t0 = time.perf_counter()
         for _ in range(sites):
             pacer.all_reduce(x)
         pacer.step()
+        host_ms.append((time.perf_counter() - t0) * 1e3)
 
-    for _ in range(3):  # the second step captures the 2-site graph
-        step(2)
+    step(2)  # compiles; launches its tail
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(20):
+        for _ in range(22):  # the first of these captures the 2-site graph
             step(2)
+        for _ in range(5):  # and this the 3-site one
+            step(3)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    for _ in range(5):
-        step(3)
+    torch.cuda.synchronize()
+    want = reduce_reference(eng.gathered.cpu().numpy(), 3)
+    for key, value in want.items():
+        np.testing.assert_allclose(eng.red[key].cpu().numpy(), value, rtol=1e-6, err_msg=key)
     pacer.drain()
     recs = list(pacer.ring)
-    figures["tail_graph"] = {"graphs": sorted(eng._tail.graphs), "failed": eng._tail.failed}
+    figures["tail_graph"] = {"graphs": sorted(eng._tail.graphs),
+                             "capture_steps_host_ms": [host_ms[1], host_ms[23]],
+                             "replay_step_host_ms_p50": float(np.median(host_ms[2:23]))}
     assert eng._tail.failed is None and sorted(eng._tail.graphs) == [2, 3]
     assert int(eng.state["counter"][0, 0].item()) == 28  # every step's update ran
     assert [r.step for r in recs] == list(range(28))
