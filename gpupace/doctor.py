@@ -64,6 +64,13 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
     backends["device"] = {"supported": why is None, "why_not": why}
     info["backends"] = backends
 
+    from gpupace.kernels.launch import direct_wanted  # no triton import: safe without it
+
+    from .backends.tail import tail_graph_wanted
+
+    # The device backend's launch switches, as this environment sets them.
+    info["direct_launch"] = direct_wanted()
+    info["tail_graph"] = tail_graph_wanted()
     info["warnings"] = warnings_for(os.environ)
 
     info["timer_tick_ns"] = None
@@ -101,7 +108,11 @@ def format_text(info: dict[str, Any]) -> str:
             ("CUDA available", "yes" if info["cuda_available"] else "no"), ("GPUs", gpus),
             ("NCCL", info["nccl"] or "n/a"),
             ("triton", info["triton"] or f"missing ({info['triton_error']})"),
-            ("cupy", info["cupy"] or f"missing ({info['cupy_error']})")]
+            ("cupy", info["cupy"] or f"missing ({info['cupy_error']})"),
+            ("device launches", "direct, after each kernel's first call" if info["direct_launch"]
+             else "through Triton's JIT (GPUPACE_DIRECT_LAUNCH=0)"),
+            ("eager tail graph", "on (GPUPACE_TAIL_GRAPH=1)" if info["tail_graph"]
+             else "off (GPUPACE_TAIL_GRAPH=1 turns it on)")]
     tick = info.get("timer_tick_ns")
     if tick is not None:
         rows.append(("GPU timer tick", f"{tick:.0f} ns (measured)"))

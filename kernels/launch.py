@@ -26,9 +26,12 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+DIRECT_LAUNCH_ENV = "GPUPACE_DIRECT_LAUNCH"
 
-def _direct_wanted() -> bool:
-    return os.environ.get("GPUPACE_DIRECT_LAUNCH", "1") != "0"
+
+def direct_wanted() -> bool:
+    """Whether launches skip the JIT after their first call (`GPUPACE_DIRECT_LAUNCH=0`: no)."""
+    return os.environ.get(DIRECT_LAUNCH_ENV, "1") != "0"
 
 
 def _current_stream(device: int) -> int:
@@ -63,7 +66,7 @@ class Hot:
         self._runner: Any = None  # the compiled kernel's runner, once bound with hooks set
         self._device = next((a.device.index for a in args if hasattr(a, "device")
                              and a.device.type == "cuda"), None)
-        self._direct = _direct_wanted() and self._device is not None
+        self._direct = direct_wanted() and self._device is not None
 
     def __call__(self, value: Any = None) -> None:
         if self._run is not None:

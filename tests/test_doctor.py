@@ -39,6 +39,19 @@ def test_doctor_reports_a_missing_package(capsys, monkeypatch):
     assert info["cupy"] is None and "cupy" in info["cupy_error"]
 
 
+def test_doctor_says_how_the_device_backend_launches(capsys, monkeypatch):
+    monkeypatch.delenv("GPUPACE_DIRECT_LAUNCH", raising=False)
+    monkeypatch.delenv("GPUPACE_TAIL_GRAPH", raising=False)
+    assert main(["doctor", "--no-tick"]) == 0
+    out = capsys.readouterr().out
+    assert "direct, after each kernel's first call" in out and "off (GPUPACE_TAIL_GRAPH=1" in out
+    monkeypatch.setenv("GPUPACE_DIRECT_LAUNCH", "0")
+    monkeypatch.setenv("GPUPACE_TAIL_GRAPH", "1")
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["direct_launch"] is False and info["tail_graph"] is True
+
+
 def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     assert main(["doctor", "--no-tick"]) == 0
