@@ -2,9 +2,9 @@
 replayed in eager steps.
 
 An eager step ends with the row (`finish_row`), the exchange (an all_gather), the CuPy
-reduction and the Triton update. The last two are a CuPy launch and a kernel launch, ~15 us of
-host time on the H200 machine of 2026-11-30 (a kernel launch there cost 6.2-6.5 us, CuPy's
-more); captured in a CUDA graph they are one graph launch. They are the kernels graph mode
+reduction and the Triton update. The last two are a CuPy launch and a kernel launch (a
+kernel launch cost 6.2-6.5 us of host time on the H200 machine of 2026-11-30; CuPy's was not
+timed alone); captured in a CUDA graph they are one graph launch. They are the kernels graph mode
 captures (the GPU tests capture and replay them), on the engine's preallocated buffers, so a
 replay does what the launches would. The exchange stays out: NCCL orders a group's
 collectives on the group's own stream, and a captured all_gather replayed on the current
