@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -181,13 +181,12 @@ class Pacer(Joinable):
         self.check_group()
         return _Paced(self, name, async_op) if self.enabled else _UNPACED
 
-    @contextlib.contextmanager
-    def site(self, name: str = "") -> Iterator[None]:
+    def site(self, name: str = "") -> contextlib.AbstractContextManager[Callable]:
         """Paces the synchronous collective issued inside the block: stamps arrival, waits this
         rank's delay, stamps entry; the exit is stamped when the block ends (use
-        `all_reduce(..., async_op=True)` or `collective` for async ones)."""
-        with self.collective(name):
-            yield
+        `all_reduce(..., async_op=True)` or `collective` for async ones). `collective(name)`:
+        its `issued`, which a synchronous block need not call, is the block's value."""
+        return self.collective(name)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, *,
                    async_op: bool = False, name: str = "all_reduce"):
