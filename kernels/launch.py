@@ -103,6 +103,12 @@ class Hot:
         """Whether calls now go straight to the compiled kernel."""
         return self._run is not None or self._runner is not None
 
+    @property
+    def path(self) -> str:
+        """How calls launch now: "run" (the compiled kernel's launcher, pointers as integers),
+        "runner" (its runner: a launch hook was set) or "jit"."""
+        return "run" if self._run is not None else "runner" if self._runner is not None else "jit"
+
 
 def site_launcher(hot: Hot, n_sites: int) -> Callable[[int], None]:
     """`hot` called with a site index, checked against the buffers' `n_sites` sites."""

@@ -77,7 +77,7 @@ def test_direct_launches_pass_what_tritons_runner_passes_with_pointers_as_intege
     hot = launch.Hot(kernel, (1,), [a, b, 0, 2.5, True], free=2, meta={"num_warps": 1})
     hot(3)  # the first call goes through the JIT, with the tensors
     assert kernel.jit_calls == [((1,), (a, b, 3, 2.5, True), {"num_warps": 1})]
-    assert hot.direct and not kernel.compiled.launches
+    assert hot.direct and hot.path == "run" and not kernel.compiled.launches
     hot(5)
     hot(6)
     assert len(kernel.jit_calls) == 1  # later calls skip the JIT
@@ -108,6 +108,7 @@ def test_with_a_launch_hook_set_launches_go_through_tritons_runner(stream):
         hot = launch.Hot(kernel, (2,), [a, 0], free=1, meta={})
         hot(1)
         hot(2)
+        assert hot.path == "runner"
         (args,) = kernel.compiled.launches
         assert args[0:4] == (2, 1, 1, stream) and args[7] is not None  # the hook travels
         assert args[9:] == (a, 2)  # and the tensor, as Triton's runner passes it
@@ -122,7 +123,7 @@ def test_without_a_cuda_tensor_or_with_direct_launch_off_every_call_goes_through
     hot = launch.Hot(kernel, (1,), [torch.zeros(2), 0], free=1, meta={})  # a CPU tensor
     hot(1)
     hot(2)
-    assert len(kernel.jit_calls) == 2 and not hot.direct
+    assert len(kernel.jit_calls) == 2 and not hot.direct and hot.path == "jit"
     monkeypatch.setenv("GPUPACE_DIRECT_LAUNCH", "0")
     kernel = Kernel()
     hot = launch.Hot(kernel, (1,), [CudaBuffer(0x7000), 0], free=1, meta={})

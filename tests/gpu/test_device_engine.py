@@ -52,8 +52,9 @@ def test_zero_host_syncs_per_step(nccl_group, figures):
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     figures["host_syncs_per_step"] = len(syncs) / steps
     eng = pacer._engine  # after their first calls, the hot path's launches skip the JIT
-    figures["direct_launch"] = [eng._enter.hot.direct, eng._exit.hot.direct,
-                                eng._finish.direct, eng._update.hot.direct]
+    hots = [eng._enter.hot, eng._exit.hot, eng._finish, eng._update.hot]
+    figures["direct_launch"] = [h.direct for h in hots]
+    figures["launch_path"] = [h.path for h in hots]  # "run": pointers as integers, no hooks
     assert all(figures["direct_launch"])
     assert not syncs, [str(w.message) for w in syncs[:3]]
     torch.cuda.set_sync_debug_mode("error")  # and the strict mode the issue names
