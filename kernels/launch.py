@@ -29,9 +29,17 @@ from typing import Any
 DIRECT_LAUNCH_ENV = "GPUPACE_DIRECT_LAUNCH"
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment variable: "1" or "0", `default` when unset or empty."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return default if value == "" else value == "1"
+
+
 def direct_wanted() -> bool:
     """Whether launches skip the JIT after their first call (`GPUPACE_DIRECT_LAUNCH=0`: no)."""
-    return os.environ.get(DIRECT_LAUNCH_ENV, "1") != "0"
+    return env_switch(DIRECT_LAUNCH_ENV, True)
 
 
 def _current_stream(device: int) -> int:

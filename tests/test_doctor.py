@@ -50,6 +50,9 @@ def test_doctor_says_how_the_device_backend_launches(capsys, monkeypatch):
     assert main(["doctor", "--json", "--no-tick"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["direct_launch"] is False and info["tail_graph"] is True
+    monkeypatch.setenv("GPUPACE_TAIL_GRAPH", "yes")  # a switch takes 0 or 1, nothing else
+    assert main(["doctor", "--no-tick"]) == 2
+    assert "GPUPACE_TAIL_GRAPH must be 0 or 1, got 'yes'" in capsys.readouterr().err
 
 
 def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):

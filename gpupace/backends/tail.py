@@ -22,7 +22,6 @@ routing allocations to the failed graph's pool, so going on with launches would 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +31,10 @@ TAIL_GRAPH_ENV = "GPUPACE_TAIL_GRAPH"
 
 
 def tail_graph_wanted() -> bool:
-    return os.environ.get(TAIL_GRAPH_ENV, "0") == "1"
+    """Whether `GPUPACE_TAIL_GRAPH=1` asks for the tail graphs (off by default)."""
+    from gpupace.kernels.launch import env_switch  # no triton import
+
+    return env_switch(TAIL_GRAPH_ENV, False)
 
 
 class TailGraphs:
