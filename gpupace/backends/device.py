@@ -390,10 +390,11 @@ class DeviceEngine:
         from gpupace.kernels import update as u
 
         n, now = self.world_size, time.perf_counter()
-        for slot in np.argsort(ring_step, kind="stable"):
+        # The slots of steps not seen yet, oldest first: a Python pass over all of the ring's
+        # slots took ~0.1 ms a parse on the 2-core VM, for the 8 new ones of an eager copy.
+        new = np.flatnonzero(ring_step > self._last_seen)
+        for slot in new[np.argsort(ring_step[new], kind="stable")]:
             k = int(ring_step[slot])
-            if k <= self._last_seen:
-                continue
             self._last_seen = k
             rec = ring[slot]
             if rec[u.REC_OK] != 1.0:
