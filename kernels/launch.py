@@ -109,7 +109,7 @@ class Hot:
     @property
     def direct(self) -> bool:
         """Whether calls now go straight to the compiled kernel."""
-        return self._run is not None or self._runner is not None
+        return self.path != "jit"
 
     @property
     def path(self) -> str:
