@@ -1,4 +1,5 @@
-"""`run_ranks` on real spawned ranks: a signal to the parent ends the ranks too."""
+"""`run_ranks` on real ranks: a signal to the parent ends the ranks too; each run's ranks see the caller's
+environment and directory of the moment."""
 
 import os
 import signal
@@ -8,6 +9,8 @@ import textwrap
 import time
 
 import pytest
+
+from gpupace.launch import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,3 +58,18 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig):
         assert not any(_alive(pid) for pid in ranks), "a rank outlived its parent"
     finally:
         parent.kill()
+
+
+def _env_and_cwd(rank, world):
+    return os.environ.get("RANKS_ENV_PROBE"), os.getcwd()
+
+
+def test_ranks_take_the_callers_environment_and_directory_of_the_moment(tmp_path, monkeypatch):
+    """Forked ranks come from a server started at the first run, with that moment's
+    environment: each run's ranks must see the caller's, as spawned ones do."""
+    monkeypatch.delenv("RANKS_ENV_PROBE", raising=False)
+    before = run_ranks(_env_and_cwd, 2)  # starts the fork server, if it is not running yet
+    assert [env for env, _ in before] == [None, None]
+    monkeypatch.setenv("RANKS_ENV_PROBE", "set later")
+    monkeypatch.chdir(tmp_path)
+    assert run_ranks(_env_and_cwd, 2) == [("set later", str(tmp_path))] * 2
