@@ -41,7 +41,8 @@ class ClusterResults:
 
 class VirtualCluster:
     """N ranks as N streams on one GPU. `step(skew_us)` runs one training step: per rank a
-    compute stand-in (a one-warp spin of `skew_us[i]`), then for each site enter (arrive stamp,
+    compute stand-in (a one-warp spin that ends `skew_us[i]` after the first rank's began, so
+    that the host's launches, one rank after another, do not add to the skew), then for each site enter (arrive stamp,
     paced delay, enter stamp), the barrier, the exit stamp; then each rank's row from its
     stamps, the exchange (the rows already sit in one matrix), the CuPy reduction and the Triton
     update, as on a real rank."""
@@ -95,6 +96,8 @@ class VirtualCluster:
         self.est_hist = torch.zeros(max_steps, n_sites, dtype=f32, device=dev)
         self.valid_hist = torch.zeros(max_steps, dtype=i32, device=dev)
         self.delay_hist = torch.zeros(max_steps, n, n_sites, dtype=f32, device=dev)
+        # each step's common start of the ranks' compute (kernels.spin.skew_spin)
+        self.start_hist = torch.full((max_steps,), torch.iinfo(i64).max, dtype=i64, device=dev)
         self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
         self._views = {k: __import__("cupy").from_dlpack(v) for k, v in
                        {"gathered": self.gathered, **self.red}.items()}
@@ -119,12 +122,13 @@ class VirtualCluster:
         # and a rank's exit stamp queued ahead of another rank's barrier would wait for a
         # barrier that cannot complete. It also compiles every kernel variant before the first
         # barrier of its phase is launched, so no barrier spins through a compile.
+        common = self.start_hist[self.steps:self.steps + 1]
         for i, s in ranks:
             s.wait_event(start)
             skew_us.record_stream(s)  # the caller's tensor stays alive until the spin has read it
             with torch.cuda.stream(s):
-                k["spin"].spin(skew_us[i:i + 1], self.applied[i:i + 1], self.reads[i:i + 1],
-                               self.clk[i], cap_us=1e6)
+                k["spin"].skew_spin(skew_us[i:i + 1], common, self.applied[i:i + 1],
+                                    self.reads[i:i + 1], self.clk[i], cap_us=1e6)
         for site in range(self.n_sites):
             for i, s in ranks:
                 with torch.cuda.stream(s):

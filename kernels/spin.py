@@ -73,6 +73,24 @@ def _spin_kernel(delay_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads, 
         tl.store(clk_ptr + 1, t)
 
 
+@triton.jit
+def _skew_kernel(skew_ptr, start_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads,
+                 fake_tick, USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr,
+                 HARD_READS: tl.constexpr):
+    # Spins until the common start + this rank's skew: the start is the clock of the first
+    # rank whose kernel began (an atomic min returns what an earlier one left), so the order
+    # and pace of the host's launches add nothing to the skew.
+    t0 = stamp_now(clk_ptr, USE_CLOCK)
+    start = tl.minimum(tl.atomic_min(start_ptr, t0), t0)
+    late_us = (t0 - start).to(tl.float32) * 0.001
+    t, i = spin_for(tl.load(skew_ptr) - late_us, cap_us, max_reads, t0, fake_tick, USE_CLOCK,
+                    HARD_CAP, HARD_READS)
+    tl.store(applied_ptr, ((t - t0).to(tl.float32)) * 0.001)
+    tl.store(reads_ptr, i)
+    if not USE_CLOCK:
+        tl.store(clk_ptr + 1, t)
+
+
 @triton.jit(do_not_specialize=["site", "delay_offset"])
 def _enter_kernel(delay_ptr, usual_ptr, row_ptr, stamps_ptr, clk_ptr, site, delay_offset,
                   n_max_sites, cap_us, rate, max_reads, fake_tick, USE_CLOCK: tl.constexpr,
@@ -112,6 +130,26 @@ def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: t
     `clk` is the engine's int64 [2] clock buffer (the virtual clock on the clock-free path)."""
     n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
     _spin_kernel[(1,)](delay, applied, reads, clk, float(cap_us), n, int(fake_tick),
+                       USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
+                       num_warps=1)
+
+
+def skew_spin(skew: torch.Tensor, start: torch.Tensor, applied: torch.Tensor,
+              reads: torch.Tensor, clk: torch.Tensor, *, cap_us: float,
+              max_reads: int | None = None, clock: bool | None = None,
+              fake_tick: int = 1000) -> None:
+    """A virtual-cluster rank's compute stand-in (`gpupace.vcluster`): spins until the common
+    start + `skew[0]` us, the start being the earliest clock at which any rank's call on the
+    same `start` (int64 [1], INT64_MAX before the first) began. Launched rank by rank on an idle
+    GPU, a plain spin starts each rank when the host's launch reaches it, tens of us apart: most
+    likely why 8 ranks showed ~300 us more arrival spread than their skews held (724 us p50
+    against 420 + noise, H200, 2026-11-30). A rank that starts past its deadline does not spin.
+    Writes the applied spin (us) and the clock reads."""
+    n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
+    if start.dtype != torch.int64 or start.numel() != 1:
+        raise ValueError(f"start must be one int64 value, got {start.dtype} of shape "
+                         f"{tuple(start.shape)}")
+    _skew_kernel[(1,)](skew, start, applied, reads, clk, float(cap_us), n, int(fake_tick),
                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
                        num_warps=1)
 

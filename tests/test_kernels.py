@@ -77,6 +77,25 @@ def test_spin_stops_when_the_clock_runs_backwards(k):
     assert applied == pytest.approx(-1.0)  # the kernel reports what the clock said
 
 
+def test_skew_spins_end_at_the_common_start_plus_each_skew(k):
+    """Three ranks' stand-ins launched one after another, their virtual clocks apart as host
+    launches would leave them: each ends at the first one's start + its skew, or at once when
+    it started past that (the clock-free path: each rank's clock is its clk[1])."""
+    start = torch.tensor([torch.iinfo(torch.int64).max], dtype=torch.int64)
+    ends = []
+    for began, skew_us in ((1_000, 10.0), (5_000, 10.0), (20_000, 10.0)):
+        applied = torch.full((1,), -1.0)
+        reads = torch.full((1,), -1, dtype=torch.int32)
+        clk = torch.tensor([0, began], dtype=torch.int64)
+        k["spin"].skew_spin(torch.tensor([skew_us]), start, applied, reads, clk, cap_us=100.0)
+        ends.append((int(clk[1]), float(applied[0]), int(reads[0])))
+    assert int(start[0]) == 1_000  # the first rank's start
+    assert [(end, reads) for end, _, reads in ends] == [(11_000, 10), (11_000, 6), (20_000, 0)]
+    assert [applied for _, applied, _ in ends] == pytest.approx([10.0, 6.0, 0.0])
+    with pytest.raises(ValueError, match="start must be one int64 value"):
+        k["spin"].skew_spin(torch.tensor([1.0]), torch.zeros(1), applied, reads, clk, cap_us=1.0)
+
+
 def test_max_reads_bound_covers_the_cap(k):
     s = k["spin"]
     assert s.max_reads_for(10.0) >= 10.0 * 1000 / s.MIN_READ_NS

@@ -80,6 +80,8 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
                          num_warps=1),
         "spin": compile(spin._spin_kernel, zeros(1), zeros(1), zeros(1, dtype=i32), clk, 2000.0,
                         spin.max_reads_for(2000.0), 1000, **caps),
+        "skew spin": compile(spin._skew_kernel, zeros(1), zeros(1, dtype=i64), zeros(1),
+                             zeros(1, dtype=i32), clk, 1e6, spin.max_reads_for(1e6), 1000, **caps),
         "enter": compile(spin._enter_kernel, zeros(1, M), zeros(M), row, stamps, clk, 1, 0, M,
                          50_000.0, 0.1, spin.max_reads_for(50_000.0), 1000, **caps),
         "stamp": compile(k["stamp"]._stamp_kernel, zeros(64, dtype=i64), 0, clk, USE_CLOCK=True,
@@ -91,6 +93,7 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
                                      zeros(8, 4, 3, dtype=i64), zeros(8, dtype=i32), 4, 1000, 1,
                                      USE_CLOCK=True, num_warps=1)
     assert "%smid" in compiled["sm offsets"].asm["ptx"]
+    assert "atom.global" in compiled["skew spin"].asm["ptx"]  # the common start: an atomic min
     for warps in (1, 16):  # the virtual cluster's barrier, on one warp and as K CTAs would
         compiled[f"barrier, {warps} warps"] = compile(
             k["barrier"]._barrier_kernel, zeros(1, dtype=i32), 8, 200_000_000, 100_000_000,
