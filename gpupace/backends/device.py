@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -118,6 +117,10 @@ class DeviceEngine:
         self.device = dev
         self._cuda = dev.type == "cuda"
         self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        # The fork's and the join's events, recorded anew at each use (Stream.wait_stream
+        # would make an event each time): a wait takes the record made just before it.
+        self._fork_event = torch.cuda.Event() if self._cuda else None
+        self._join_event = torch.cuda.Event() if self._cuda else None
         self._fork: tuple[int, bool] | None = None  # (step generation, captured) of a fork
         self.max_sites = m = config.max_sites
         self.params = policy.PolicyParams.from_config(config, world_size)
@@ -171,15 +174,12 @@ class DeviceEngine:
     def use_tail_graphs(self, on: bool) -> None:
         """Eager steps replay their reduction and update from a CUDA graph captured once per
         site count (`backends/tail.py`; `GPUPACE_TAIL_GRAPH=1`), or launch them. CUDA only."""
-        if not on or not self._cuda:
-            self._tail = None
-            return
+        self._tail = TailGraphs(self.device) if on and self._cuda else None
 
-        def prepare(stream) -> None:  # outside the capture: CuPy's views and its stream view
-            self._views()
-            self._k_reduce.warmup(stream.cuda_stream, self.device.index or 0)
-
-        self._tail = TailGraphs(self._reduce_and_update, self.device, prepare)
+    def _prepare_tail(self, stream) -> None:
+        """Before a tail graph's capture, outside it: CuPy's views and its view of the stream."""
+        self._views()
+        self._k_reduce.warmup(stream.cuda_stream, self.device.index or 0)
 
     # -- helpers ------------------------------------------------------------------------------
     def _new_step(self) -> None:
@@ -239,25 +239,7 @@ class DeviceEngine:
         collective's end whatever precedes it, so a fork would only add launches."""
         if self._pace_stream is None or sync:
             return NO_FORK
-        return self._forked()
-
-    @contextlib.contextmanager
-    def _forked(self) -> Iterator[None]:
-        # Before the fork: a capture refused for want of warm-up must not leave the pacing
-        # stream forked into it, or ending the capture fails on that instead.
-        capturing = self._check_capture()
-        current = torch.cuda.current_stream(self.device)
-        self._pace_stream.wait_stream(current)
-        self._fork = (self.generation, capturing)
-        try:
-            with torch.cuda.stream(self._pace_stream):
-                yield
-        except BaseException:
-            try:
-                self._join(strict=False)  # nothing left forked behind an error
-            except Exception:  # noqa: BLE001 - a broken capture: the user's error matters
-                self._fork = None
-            raise
+        return _Fork(self)
 
     def _join(self, strict: bool = True) -> None:
         """Orders the current stream after the pacing stream, if a block forked it in this
@@ -269,7 +251,8 @@ class DeviceEngine:
         fork, self._fork = self._fork, None
         action = join_action(fork, self._capturing(), self.generation)
         if action == "join":
-            torch.cuda.current_stream(self.device).wait_stream(self._pace_stream)
+            self._join_event.record(self._pace_stream)
+            torch.cuda.current_stream(self.device).wait_event(self._join_event)
         elif action == "refuse" and strict:
             raise RuntimeError(
                 "a CUDA graph captured this step's paced collectives but not pacer.step(), "
@@ -294,7 +277,7 @@ class DeviceEngine:
         self._exchange()
         # From the second eager step on both kernels are compiled: the graphs may capture them.
         if self._tail is not None and not capturing and self._calls >= 1:
-            self._tail(n)
+            self._tail(n, self._reduce_and_update, self._prepare_tail)
         else:
             self._reduce_and_update(n)
         if capturing:
@@ -484,3 +467,34 @@ class DeviceEngine:
             self._views()
             torch.cuda.synchronize(self.device)
         self._warm = True
+
+
+class _Fork:
+    """An async block's fork onto the engine's pacing stream (`DeviceEngine.issue`): a class,
+    not a generator, and the current stream set and restored directly, not through
+    `torch.cuda.stream` (it runs once an async collective, on the eager hot path)."""
+
+    __slots__ = ("_engine", "_prev")
+
+    def __init__(self, engine: DeviceEngine):
+        self._engine = engine
+
+    def __enter__(self) -> None:
+        eng = self._engine
+        # Before the fork: a capture refused for want of warm-up must not leave the pacing
+        # stream forked into it, or ending the capture fails on that instead.
+        capturing = eng._check_capture()
+        self._prev = current = torch.cuda.current_stream(eng.device)
+        eng._fork_event.record(current)
+        eng._pace_stream.wait_event(eng._fork_event)
+        eng._fork = (eng.generation, capturing)
+        torch.cuda.set_stream(eng._pace_stream)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        torch.cuda.set_stream(self._prev)
+        if exc_type is not None:
+            try:
+                self._engine._join(strict=False)  # nothing left forked behind an error
+            except Exception:  # noqa: BLE001 - a broken capture: the user's error matters
+                self._engine._fork = None
+        return False

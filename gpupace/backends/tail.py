@@ -40,28 +40,30 @@ def tail_graph_wanted() -> bool:
 class TailGraphs:
     """`tail(n)` (enqueues kernels for a step of `n` sites on the current stream; no
     collective), captured once per `n` on a stream of its own and replayed on the current
-    one. `prepare(stream)` runs before each capture, outside it (e.g. makes CuPy's view of the
-    capturing stream). `failed` says why a capture failed (it raised)."""
+    one; `tail` and `prepare` come with each call, so that the graphs hold no reference to
+    the engine that owns them. `prepare(stream)` runs before each capture, outside it (e.g.
+    makes CuPy's view of the capturing stream). `failed` says why a capture failed (it
+    raised)."""
 
-    def __init__(self, tail: Callable[[int], None], device: torch.device,
-                 prepare: Callable[[Any], None] | None = None):
-        self._tail, self._prepare = tail, prepare
+    def __init__(self, device: torch.device):
         self._stream = torch.cuda.Stream(device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.failed: str | None = None
 
-    def __call__(self, n: int) -> None:
+    def __call__(self, n: int, tail: Callable[[int], None],
+                 prepare: Callable[[Any], None] | None = None) -> None:
         """Runs the tail for `n` sites from its graph, capturing it first if new."""
         g = self.graphs.get(n)
         if g is None:
-            g = self._capture(n)
+            g = self._capture(n, tail, prepare)
         g.replay()
 
-    def _capture(self, n: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, n: int, tail: Callable[[int], None],
+                 prepare: Callable[[Any], None] | None) -> torch.cuda.CUDAGraph:
         s = self._stream
         try:
-            if self._prepare is not None:
-                self._prepare(s)
+            if prepare is not None:
+                prepare(s)
             # Before the capture (a capture must not wait on an event from outside it), as
             # torch.cuda.graph does; the replays run on the current stream, in its order.
             s.wait_stream(torch.cuda.current_stream())
@@ -69,7 +71,7 @@ class TailGraphs:
             with torch.cuda.stream(s):
                 g.capture_begin(capture_error_mode="thread_local")
                 try:
-                    self._tail(n)
+                    tail(n)
                 except BaseException:
                     with contextlib.suppress(Exception):  # the tail's error is the one to tell
                         g.capture_end()
