@@ -8,6 +8,12 @@ for scale. On the H200 machine of 2026-11-30: 17 us through the JIT, 6.2-6.5 us 
 runner (the engine's way then), 6.3 us for the add (a slower run of that evening: 34, 11.2
 and 10.1); `Hot` as it is now: not yet measured on a GPU.
 
+Also the host time of an async paced collective's fork onto the engine's pacing stream and
+the step's join back, an empty block between: the device engine's (`_Fork`, two events
+recorded anew at each use, the current stream set directly) against the way it was until
+2026-12-01 (`Stream.wait_stream`, an event made each time, and `torch.cuda.stream` in a
+generator context manager), replayed here. Not yet measured on a GPU.
+
     python bench/launch_cost.py --json PATH
 
 Each direct way is checked: it must write the exit stamp, or it is not timed. The device
@@ -42,6 +48,44 @@ def _per_launch_us(fn, launches: int) -> float:
     us = (time.perf_counter_ns() - t0) * 1e-3 / launches
     torch.cuda.synchronize()
     return us
+
+
+def fork_ways(dev) -> dict:
+    """Fork, empty block, join: the engine's way and the way before, by name; or why not."""
+    import contextlib
+
+    import torch
+
+    from gpupace import PaceConfig
+    from gpupace.backends import device_backend_missing
+
+    why = device_backend_missing()
+    if why:
+        return {"why": why}
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe"), None, 0, 1, device=dev)
+    pace = eng._pace_stream
+
+    def engine() -> None:
+        with eng.issue(sync=False):
+            pass
+        eng._join()
+
+    @contextlib.contextmanager
+    def forked():  # DeviceEngine._forked until 2026-12-01
+        torch.cuda.is_current_stream_capturing()
+        pace.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(pace):
+            yield
+
+    def before() -> None:
+        with forked():
+            pass
+        torch.cuda.is_current_stream_capturing()  # _join's query, then its wait
+        torch.cuda.current_stream(dev).wait_stream(pace)
+
+    return {"fork_join_engine": engine, "fork_join_before": before}
 
 
 def measure(launches: int = 200, windows: int = 15) -> dict:
@@ -85,6 +129,19 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
             out[f"{name}_wrote"] = wrote
             if wrote:
                 ways[name] = fn
+    try:
+        forks = fork_ways(dev)
+    except Exception as e:  # noqa: BLE001 - the launch figures above matter more
+        forks = {"why": f"{type(e).__name__}: {e}"}
+    if "why" in forks:
+        out["fork_join"] = f"not timed: {forks['why']}"
+    else:
+        for name, fn in forks.items():  # timed only if it gives the current stream back
+            was = torch.cuda.current_stream(dev)
+            fn()
+            out[f"{name}_restored_stream"] = back = torch.cuda.current_stream(dev) == was
+            if back:
+                ways[name] = fn
     for fn in ways.values():  # warm: caches, the driver's first launches
         _per_launch_us(fn, 20)
     samples = {k: [] for k in ways}
@@ -98,6 +155,8 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
             out[f"jit_over_{fast[:-len('_exit_stamp')]}"] = med["jit_exit_stamp"] / med[fast]
     if "runner_exit_stamp" in med and "hot_exit_stamp" in med:
         out["runner_over_hot"] = med["runner_exit_stamp"] / med["hot_exit_stamp"]
+    if "fork_join_engine" in med:
+        out["fork_join_saved_us"] = med["fork_join_before"] - med["fork_join_engine"]
     return out
 
 
