@@ -4,12 +4,15 @@ process group, and returns every rank's result. Used by the demo, the benchmarks
 Nothing hangs: the whole run has a deadline, and a rank that fails or overruns ends the others
 with an error that names it and carries its traceback.
 
-Ranks fork from multiprocessing's fork server, which imports torch once, where there is one
-(Linux, macOS); a spawned rank imports torch anew: 4 ranks on the 2-core VM took 6 s to start
-and finish an all_reduce, against 0.13 s forked (2.5 s for the run that starts the server).
-Each rank takes the caller's environment of the moment, as a spawned one does (the server's is
-that of its start), before it unpickles the function and its arguments, which may import the
-caller's modules; only the caller's main module is imported before, by multiprocessing.
+Ranks are spawned: each imports torch anew, ~1.5 s of CPU (4 ranks on the 2-core VM took 6 s
+to start and finish an all_reduce). With `START_METHOD = "forkserver"` (Linux; the tests set it)
+they fork from multiprocessing's fork server, which imported torch once: 0.13 s there, after
+2.5 s for the run that starts the server. Forked ranks take the caller's environment, stdout and
+stderr of the moment, as spawned ones do (the server's are those of its start); the
+environment is set before the function and its arguments are unpickled, but modules imported
+before that (torch in the server; gpupace and what it imports, and the caller's main module,
+in the rank) read theirs at import. Their arguments travel by plain pickle: tensors are copied,
+not shared, and multiprocessing's queues and locks cannot be passed.
 """
 
 from __future__ import annotations
@@ -28,25 +31,53 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# What the fork server imports once for every rank: nothing that reads the environment at import
-# in a way a rank could need otherwise (torch reads CUDA_VISIBLE_DEVICES, NCCL_* and OMP_* when
-# first used, in the rank).
-PRELOAD = ["torch", "torch.distributed"]
+START_METHOD = "spawn"  # or "forkserver" (module docstring)
+START_METHODS = ("spawn", "forkserver")
+PRELOAD = ["torch", "torch.distributed"]  # what the fork server imports once for every rank
 
 
-def _context():
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)  # before the server starts; later calls change nothing
-        return ctx
-    return mp.get_context("spawn")
+class _CallerFd:
+    """One of the caller's file descriptors, duplicated into a forked rank by multiprocessing
+    (a rank forked from the server would otherwise write where the server's went)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return _detach, (DupFd(self.fd),)
 
 
-def _rank_main(payload, rank, world_size, backend, store_path, coll_timeout_s, results, env):
+def _detach(dup) -> int:
+    return dup.detach()
+
+
+def _caller_fds() -> list[_CallerFd | None]:
+    out = []
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+            out.append(_CallerFd(fd))
+        except OSError:  # closed (a daemon's): the rank keeps the server's
+            out.append(None)
+    return out
+
+
+def _forked_rank_main(payload, env, fds, rank, *common):
+    """A forked rank: the caller's environment, stdout and stderr, then its function."""
+    os.environ.clear()
+    os.environ.update(env)
+    for target, fd in zip((1, 2), fds, strict=True):
+        if fd is not None:
+            os.dup2(fd, target)
+            os.close(fd)
+    fn, args, kwargs = pickle.loads(payload)
+    _rank_main(fn, rank, *common, args, kwargs)
+
+
+def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs):
     try:
-        os.environ.clear()
-        os.environ.update(env)
-        fn, args, kwargs = pickle.loads(payload)
         import torch
         import torch.distributed as dist
 
@@ -70,21 +101,27 @@ def _rank_main(payload, rank, world_size, backend, store_path, coll_timeout_s, r
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
               timeout_s: float = 120.0, collective_timeout_s: float = 60.0,
               **kwargs: Any) -> list[Any]:
-    """Calls `fn(rank, world_size, *args, **kwargs)` on `world_size` spawned processes inside an
+    """Calls `fn(rank, world_size, *args, **kwargs)` on `world_size` processes, each inside an
     initialised process group; returns the results ordered by rank. `fn` must be importable
     (a module-level function). Raises RuntimeError if a rank fails, TimeoutError past
     `timeout_s`."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    ctx = _context()
+    if START_METHOD not in START_METHODS or START_METHOD not in mp.get_all_start_methods():
+        raise ValueError(f"gpupace.launch.START_METHOD must be one of {START_METHODS} and "
+                         f"available here ({mp.get_all_start_methods()}), got {START_METHOD!r}")
+    ctx = mp.get_context(START_METHOD)
+    forked = START_METHOD == "forkserver"
+    if forked:
+        ctx.set_forkserver_preload(PRELOAD)  # before the server starts; later calls change nothing
+        # unpickled by each rank once the caller's environment is set
+        caller = (pickle.dumps((fn, args, kwargs)), dict(os.environ), _caller_fds())
     results = ctx.Queue()
-    env = dict(os.environ)
-    payload = pickle.dumps((fn, args, kwargs))  # unpickled by each rank after `env` is set
     with tempfile.TemporaryDirectory(prefix="gpupace-ranks-") as tmp:
-        store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(payload, r, world_size, backend, store, collective_timeout_s,
-                                   results, env))
+        common = (world_size, backend, os.path.join(tmp, "store"), collective_timeout_s, results)
+        procs = [ctx.Process(target=_forked_rank_main, args=(*caller, r, *common), daemon=True)
+                 if forked else
+                 ctx.Process(target=_rank_main, args=(fn, r, *common, args, kwargs), daemon=True)
                  for r in range(world_size)]
         with _exit_on_termination():
             return _start_and_collect(procs, results, timeout_s)

@@ -14,6 +14,20 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+@pytest.fixture(autouse=True, scope="session")
+def ranks_from_a_fork_server():
+    """Ranks of `gpupace.launch.run_ranks` fork from a server that imported torch once (a
+    spawned rank imports it anew: 6 s against 0.13 s for 4 ranks on the 2-core VM); the
+    launch tests run both ways."""
+    import multiprocessing
+
+    from gpupace import launch
+
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        launch.START_METHOD = "forkserver"
+    yield
+
+
 # clock first: the others import its jit functions
 KERNEL_MODULES = ("clock", "stamp", "spin", "update", "reduce", "barrier")
 

@@ -1,6 +1,8 @@
-"""`run_ranks` on real ranks: a signal to the parent ends the ranks too; each run's ranks see the caller's
-environment and directory of the moment."""
+"""`run_ranks` on real ranks, spawned or forked from the fork server: a signal to the parent ends
+the ranks too; forked ranks see the caller's environment, directory, stdout and stderr of the
+moment."""
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -10,12 +12,14 @@ import time
 
 import pytest
 
+from gpupace import launch
 from gpupace.launch import run_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time
+    from gpupace import launch
     from gpupace.launch import run_ranks
 
     def sleeper(rank, world, pid_dir):
@@ -24,6 +28,7 @@ SCRIPT = textwrap.dedent("""
         time.sleep(100)
 
     if __name__ == "__main__":
+        launch.START_METHOD = sys.argv[2]
         run_ranks(sleeper, 2, sys.argv[1], timeout_s=100)
 """)
 
@@ -36,13 +41,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig):
+@pytest.mark.parametrize("sig,start", [(signal.SIGTERM, "spawn"), (signal.SIGHUP, "forkserver")])
+def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     pids = tmp_path / "pids"
     pids.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), str(pids)])
+    parent = subprocess.Popen([sys.executable, str(script), str(pids), start])
     try:
         deadline = time.monotonic() + 60
         while len(list(pids.iterdir())) < 2 or any(p.stat().st_size == 0 for p in pids.iterdir()):
@@ -60,11 +65,19 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig):
         parent.kill()
 
 
+@pytest.fixture
+def forked(monkeypatch):
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server on this platform")
+    monkeypatch.setattr(launch, "START_METHOD", "forkserver")
+
+
 def _env_and_cwd(rank, world):
     return os.environ.get("RANKS_ENV_PROBE"), os.getcwd()
 
 
-def test_ranks_take_the_callers_environment_and_directory_of_the_moment(tmp_path, monkeypatch):
+def test_forked_ranks_take_the_callers_environment_and_directory_of_the_moment(
+        forked, tmp_path, monkeypatch):
     """Forked ranks come from a server started at the first run, with that moment's
     environment: each run's ranks must see the caller's, as spawned ones do."""
     monkeypatch.delenv("RANKS_ENV_PROBE", raising=False)
@@ -73,3 +86,34 @@ def test_ranks_take_the_callers_environment_and_directory_of_the_moment(tmp_path
     monkeypatch.setenv("RANKS_ENV_PROBE", "set later")
     monkeypatch.chdir(tmp_path)
     assert run_ranks(_env_and_cwd, 2) == [("set later", str(tmp_path))] * 2
+
+
+def _prints(rank, world):
+    print(f"out of rank {rank}", flush=True)
+    print(f"err of rank {rank}", file=sys.stderr, flush=True)
+
+
+def test_forked_ranks_write_to_the_callers_stdout_and_stderr_of_the_moment(forked, capfd):
+    """The server keeps the stdout and stderr it started with (here /dev/null, or an earlier
+    test's capture): a rank must write to the caller's."""
+    with open(os.devnull, "w") as null:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(null.fileno(), 1)
+        os.dup2(null.fileno(), 2)
+        try:
+            run_ranks(_env_and_cwd, 1)  # starts the server with them, if it is not running
+        finally:
+            for fd, was in zip((1, 2), saved, strict=True):
+                os.dup2(was, fd)
+                os.close(was)
+    capfd.readouterr()
+    run_ranks(_prints, 2)
+    out, err = capfd.readouterr()
+    assert "out of rank 0" in out and "out of rank 1" in out, out
+    assert "err of rank 0" in err and "err of rank 1" in err, err
+
+
+def test_an_unknown_start_method_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(launch, "START_METHOD", "fork")
+    with pytest.raises(ValueError, match="START_METHOD must be one of .* got 'fork'"):
+        run_ranks(_env_and_cwd, 1)

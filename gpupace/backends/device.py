@@ -472,7 +472,9 @@ class DeviceEngine:
 class _Fork:
     """An async block's fork onto the engine's pacing stream (`DeviceEngine.issue`): a class,
     not a generator, and the current stream set and restored directly, not through
-    `torch.cuda.stream` (it runs once an async collective, on the eager hot path)."""
+    `torch.cuda.stream` (it runs once an async collective, on the eager hot path). It restores
+    the engine device's stream alone, which is the current device's: the constructor requires
+    it, and the engine's launches go to the current device."""
 
     __slots__ = ("_engine", "_prev")
 
