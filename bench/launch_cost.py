@@ -8,11 +8,13 @@ for scale. On the H200 machine of 2026-11-30: 17 us through the JIT, 6.2-6.5 us 
 runner (the engine's way then), 6.3 us for the add (a slower run of that evening: 34, 11.2
 and 10.1); `Hot` as it is now: not yet measured on a GPU.
 
-Also the host time of an async paced collective's fork onto the engine's pacing stream and
-the step's join back, an empty block between: the device engine's (`_Fork`, two events
-recorded anew at each use, the current stream set directly) against the way it was until
-2026-12-01 (`Stream.wait_stream`, an event made each time, and `torch.cuda.stream` in a
-generator context manager), replayed here. Not yet measured on a GPU.
+Also, from a one-rank device engine, the host time of each launch an eager step adds once
+(the row, the CuPy reduction, the update; 4 sites), each checked to write what it should; and
+of an async paced collective's fork onto the engine's pacing stream and the step's join back,
+an empty block between: the engine's (`_Fork`, two events recorded anew at each use, the
+current stream set directly) against the way it was until 2026-12-01 (`Stream.wait_stream`,
+an event made each time, and `torch.cuda.stream` in a generator context manager), replayed
+here. Not yet measured on a GPU.
 
     python bench/launch_cost.py --json PATH
 
@@ -50,8 +52,9 @@ def _per_launch_us(fn, launches: int) -> float:
     return us
 
 
-def fork_ways(dev) -> dict:
-    """Fork, empty block, join: the engine's way and the way before, by name; or why not."""
+def engine_ways(dev) -> tuple[dict, dict]:
+    """A one-rank device engine's launches of a step, each checked once, and an async site's
+    fork and join both ways: (ways by name, facts); or ({}, {"why": ...})."""
     import contextlib
 
     import torch
@@ -61,13 +64,13 @@ def fork_ways(dev) -> dict:
 
     why = device_backend_missing()
     if why:
-        return {"why": why}
+        return {}, {"why": why}
     from gpupace.backends.device import DeviceEngine
 
     eng = DeviceEngine(PaceConfig(mode="observe"), None, 0, 1, device=dev)
-    pace = eng._pace_stream
+    pace, n = eng._pace_stream, 4
 
-    def engine() -> None:
+    def engine_fork() -> None:
         with eng.issue(sync=False):
             pass
         eng._join()
@@ -79,13 +82,38 @@ def fork_ways(dev) -> dict:
         with torch.cuda.stream(pace):
             yield
 
-    def before() -> None:
+    def fork_before() -> None:
         with forked():
             pass
         torch.cuda.is_current_stream_capturing()  # _join's query, then its wait
         torch.cuda.current_stream(dev).wait_stream(pace)
 
-    return {"fork_join_engine": engine, "fork_join_before": before}
+    def wrote(fn, buf, before, check) -> bool:
+        buf.fill_(before)
+        fn()
+        torch.cuda.synchronize()
+        return bool(check(buf))
+
+    facts, ways = {}, {}
+    # the step's launches as an eager step makes them (rows of zeros: one valid rank)
+    checks = {
+        "engine_finish_row": (eng._finish, eng.row[:1], -1.0, lambda b: b.item() == 0.0),
+        "engine_cupy_reduce": (lambda: eng._reduce(n), eng.red["n_valid"], -1,
+                               lambda b: b.item() == 1),
+        "engine_update": (lambda: eng._update(n), eng.state["counter"][0, :1], 7,
+                          lambda b: b.item() == 8),
+    }
+    for name, (fn, buf, before, check) in checks.items():
+        facts[f"{name}_wrote"] = ok = wrote(fn, buf, before, check)
+        if ok:
+            ways[name] = fn
+    for name, fn in (("fork_join_engine", engine_fork), ("fork_join_before", fork_before)):
+        was = torch.cuda.current_stream(dev)  # timed only if it gives the current stream back
+        fn()
+        facts[f"{name}_restored_stream"] = back = torch.cuda.current_stream(dev) == was
+        if back:
+            ways[name] = fn
+    return ways, facts
 
 
 def measure(launches: int = 200, windows: int = 15) -> dict:
@@ -130,18 +158,11 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
             if wrote:
                 ways[name] = fn
     try:
-        forks = fork_ways(dev)
+        more, facts = engine_ways(dev)
     except Exception as e:  # noqa: BLE001 - the launch figures above matter more
-        forks = {"why": f"{type(e).__name__}: {e}"}
-    if "why" in forks:
-        out["fork_join"] = f"not timed: {forks['why']}"
-    else:
-        for name, fn in forks.items():  # timed only if it gives the current stream back
-            was = torch.cuda.current_stream(dev)
-            fn()
-            out[f"{name}_restored_stream"] = back = torch.cuda.current_stream(dev) == was
-            if back:
-                ways[name] = fn
+        more, facts = {}, {"why": f"{type(e).__name__}: {e}"}
+    out["engine"] = facts
+    ways.update(more)
     for fn in ways.values():  # warm: caches, the driver's first launches
         _per_launch_us(fn, 20)
     samples = {k: [] for k in ways}
