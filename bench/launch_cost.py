@@ -14,7 +14,9 @@ of an async paced collective's fork onto the engine's pacing stream and the step
 an empty block between: the engine's (`_Fork`, two events recorded anew at each use, the
 current stream set directly) against the way it was until 2026-12-01 (`Stream.wait_stream`,
 an event made each time, and `torch.cuda.stream` in a generator context manager), replayed
-here. Not yet measured on a GPU.
+here; and `torch.cuda.is_current_stream_capturing()`, which an eager site calls at its
+arrival and exit until `warmup()` (so that a capture before it is refused, not a crash). Not
+yet measured on a GPU.
 
     python bench/launch_cost.py --json PATH
 
@@ -134,7 +136,9 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
     compiled = stamp._exit_kernel[(1,)](row, stamps, clk, site, USE_CLOCK=clock, num_warps=1)
     out: dict = {"triton": triton.__version__, "launches_per_window": launches}
     ways = {"jit_exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, site),
-            "torch_add_1_element": lambda: one.add_(1.0)}
+            "torch_add_1_element": lambda: one.add_(1.0),
+            # what an eager site pays to learn whether a capture is on, until warmup()
+            "capture_query": torch.cuda.is_current_stream_capturing}
     if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
         out["direct"] = f"the JIT returned {type(compiled).__name__}, not a CompiledKernel"
     else:

@@ -241,15 +241,17 @@ class DeviceEngine:
             return NO_FORK
         return _Fork(self)
 
-    def _join(self, strict: bool = True) -> None:
+    def _join(self, strict: bool = True, capturing: bool | None = None) -> None:
         """Orders the current stream after the pacing stream, if a block forked it in this
         step. A capturing stream must not wait on an event recorded outside its capture (CUDA
         invalidates the capture), nor an eager one on a captured fork: such a fork is dropped
         when it is left over from an earlier step, and refused (`strict`) when it is this
         step's, which means one graph captured the step's collectives and not its `step()`,
-        or the reverse."""
+        or the reverse. `capturing`: the capture state, if the caller has just queried it."""
         fork, self._fork = self._fork, None
-        action = join_action(fork, self._capturing(), self.generation)
+        if capturing is None:
+            capturing = self._capturing()
+        action = join_action(fork, capturing, self.generation)
         if action == "join":
             self._join_event.record(self._pace_stream)
             torch.cuda.current_stream(self.device).wait_event(self._join_event)
@@ -271,7 +273,7 @@ class DeviceEngine:
         """Enqueues the exchange, the reduction and the update; returns the oldest telemetry
         record that has reached the host, if any (records arrive a few steps late)."""
         capturing = self._check_capture()
-        self._join()  # the step's exit stamps, from the pacing stream
+        self._join(capturing=capturing)  # the step's exit stamps, from the pacing stream
         n = min(self.n_sites, self.max_sites)
         self._finish()  # the row's waits and step time, from the step's stamps
         self._exchange()
