@@ -247,6 +247,29 @@ def test_tail_graphs_are_for_cuda_alone(interp, monkeypatch):
     assert int(eng.state["counter"][0, 0]) == 2  # both steps' updates ran
 
 
+def test_an_eager_step_asks_about_a_capture_at_its_first_site_and_its_end_alone(interp):
+    """Each query is a CUDA call on the eager hot path: before warm-up one at a step's first
+    site (a capture there is refused) and one in step(); after it, step()'s alone. (On a CPU
+    device the answer is always no; what is counted is the asking.)"""
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=8), None, 0, 1, device="cpu")
+    asked = []
+    eng._capturing = lambda: asked.append(eng.n_sites) or False
+
+    def step(k: int) -> list[int]:
+        asked.clear()
+        for _ in range(8):
+            eng.clk[1] += 5000
+            eng.exit(eng.arrive())
+        eng.end_step(k, 0.0)
+        return list(asked)
+
+    assert step(0) == [0, 8] and step(1) == [0, 8]  # at site 0 (none counted yet), in step()
+    eng.warmup()
+    assert step(2) == [8]
+
+
 def test_engine_warmup_leaves_the_state_alone(interp):
     eng, *_ = run_engine(3)
     before = {k: v.clone() for k, v in eng.state.items()}

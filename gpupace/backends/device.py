@@ -208,10 +208,13 @@ class DeviceEngine:
     def arrive(self) -> tuple[int, int]:
         """Enqueues arrive stamp + spin + enter stamp for the next site on the current stream.
         Returns the ticket (step generation, site index) that `exit` takes."""
-        # The capture state matters for a step that records events, and before warm-up (a
-        # capture must be refused); otherwise a warm eager site skips the query.
-        capturing = self._check_capture() if self._timed or not self._warm else False
+        # The capture state matters for a step that records events, and before warm-up at a
+        # step's first site: a capture that starts there is refused (WarmupError). One that
+        # starts at a later site finds the site kernels compiled by the first one, and is
+        # refused at its step() (end_step checks), before anything else could compile in it.
+        # Other sites skip the query (a CUDA call each).
         k = self.n_sites
+        capturing = self._check_capture() if self._timed or (k == 0 and not self._warm) else False
         self.n_sites += 1
         if k < self.max_sites:
             if self._timed and not capturing:
@@ -223,8 +226,6 @@ class DeviceEngine:
         generation, k = ticket
         if generation != self.generation or k >= self.max_sites:
             return  # an async collective that outlived its step, or a site past max_sites
-        if not self._warm:
-            self._check_capture()
         self._exit(k)
         if self._timed and k < len(self._step_events) and not self._capturing():
             self._step_events[k][1] = self._event()
