@@ -323,8 +323,9 @@ class DeviceEngine:
     def _reduce(self, n: int) -> None:
         if self._cuda:
             v = self._views()
-            self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n,
-                                       stream_ptr=torch.cuda.current_stream().cuda_stream,
+            # the raw handle, as Triton takes it: no Stream object made a step
+            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
+            self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n, stream_ptr=stream,
                                        device=self.device.index or 0)
         else:  # CPU tests: the NumPy twin, written into the same buffers
             out = self._k_reduce.reduce_reference(self.gathered.numpy(), n)
