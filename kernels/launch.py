@@ -26,6 +26,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 DIRECT_LAUNCH_ENV = "GPUPACE_DIRECT_LAUNCH"
 
 
@@ -43,9 +45,7 @@ def direct_wanted() -> bool:
 
 
 def _current_stream(device: int) -> int:
-    import torch
-
-    return torch._C._cuda_getCurrentRawStream(device)
+    return torch._C._cuda_getCurrentRawStream(device)  # once a launch: no import in here
 
 
 def launch_hooks_set() -> bool:
