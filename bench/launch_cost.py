@@ -14,9 +14,10 @@ of an async paced collective's fork onto the engine's pacing stream and the step
 an empty block between: the engine's (`_Fork`, two events recorded anew at each use, the
 current stream set directly) against the way it was until 2026-12-01 (`Stream.wait_stream`,
 an event made each time, and `torch.cuda.stream` in a generator context manager), replayed
-here; and `torch.cuda.is_current_stream_capturing()`, which an eager site calls at its
-arrival and exit until `warmup()` (so that a capture before it is refused, not a crash). Not
-yet measured on a GPU.
+here; and `torch.cuda.is_current_stream_capturing()`, which an eager step calls at its first
+site until `warmup()` (so that a capture before it is refused, not a crash) and in `step()`,
+an async site at its fork, a timed step (one in eight) at every site. Not yet measured on a
+GPU.
 
     python bench/launch_cost.py --json PATH
 
@@ -137,7 +138,7 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
     out: dict = {"triton": triton.__version__, "launches_per_window": launches}
     ways = {"jit_exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, site),
             "torch_add_1_element": lambda: one.add_(1.0),
-            # what an eager site pays to learn whether a capture is on, until warmup()
+            # what an eager step pays to learn whether a capture is on (see the docstring)
             "capture_query": torch.cuda.is_current_stream_capturing}
     if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
         out["direct"] = f"the JIT returned {type(compiled).__name__}, not a CompiledKernel"
@@ -180,7 +181,7 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
             out[f"jit_over_{fast[:-len('_exit_stamp')]}"] = med["jit_exit_stamp"] / med[fast]
     if "runner_exit_stamp" in med and "hot_exit_stamp" in med:
         out["runner_over_hot"] = med["runner_exit_stamp"] / med["hot_exit_stamp"]
-    if "fork_join_engine" in med:
+    if "fork_join_engine" in med and "fork_join_before" in med:
         out["fork_join_saved_us"] = med["fork_join_before"] - med["fork_join_engine"]
     return out
 

@@ -64,7 +64,8 @@ def _caller_fds() -> list[_CallerFd | None]:
     return out
 
 
-def _forked_rank_main(payload, env, fds, rank, *common):
+def _forked_rank_main(payload, env, fds, rank, world_size, backend, store_path, coll_timeout_s,
+                      results):
     """A forked rank: the caller's environment, stdout and stderr, then its function."""
     os.environ.clear()
     os.environ.update(env)
@@ -72,8 +73,12 @@ def _forked_rank_main(payload, env, fds, rank, *common):
         if fd is not None:
             os.dup2(fd, target)
             os.close(fd)
-    fn, args, kwargs = pickle.loads(payload)
-    _rank_main(fn, rank, *common, args, kwargs)
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+    except BaseException:  # noqa: BLE001 - a module that fails to import here: say which
+        results.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1) from None
+    _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs)
 
 
 def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs):

@@ -113,6 +113,23 @@ def test_forked_ranks_write_to_the_callers_stdout_and_stderr_of_the_moment(forke
     assert "err of rank 0" in err and "err of rank 1" in err, err
 
 
+def _refuse():
+    raise RuntimeError("cannot be rebuilt in a rank")
+
+
+class Unloadable:
+    """Pickles, but raises when a rank unpickles it (as an argument of a module that fails
+    to import there would)."""
+
+    def __reduce__(self):
+        return _refuse, ()
+
+
+def test_a_forked_rank_that_cannot_unpickle_its_arguments_reports_why(forked):
+    with pytest.raises(RuntimeError, match="(?s)rank 0 of 1 failed:.*cannot be rebuilt"):
+        run_ranks(_env_and_cwd, 1, Unloadable())
+
+
 def test_an_unknown_start_method_is_refused_naming_it(monkeypatch):
     monkeypatch.setattr(launch, "START_METHOD", "fork")
     with pytest.raises(ValueError, match="START_METHOD must be one of .* got 'fork'"):

@@ -150,6 +150,7 @@ class DeviceEngine:
         self._copy_pending = False
         self._cupy_views: dict[str, Any] | None = None
         self._warm = False
+        self._exited = False  # an exit kernel has run (and so is compiled)
         self._calls = 0  # end_step calls, the device counter's value in eager mode
         self._times: deque[tuple[int, int, float]] = deque(maxlen=4 * self.ring_len)
         self._last_seen = -1
@@ -210,8 +211,9 @@ class DeviceEngine:
         Returns the ticket (step generation, site index) that `exit` takes."""
         # The capture state matters for a step that records events, and before warm-up at a
         # step's first site: a capture that starts there is refused (WarmupError). One that
-        # starts at a later site finds the site kernels compiled by the first one, and is
-        # refused at its step() (end_step checks), before anything else could compile in it.
+        # starts at a later site finds the site kernels compiled by the first one; if it takes
+        # in step() it is refused there (end_step checks), before anything could compile in it;
+        # one of sites alone, which the design does not support warm or not, goes unrefused.
         # Other sites skip the query (a CUDA call each).
         k = self.n_sites
         capturing = self._check_capture() if self._timed or (k == 0 and not self._warm) else False
@@ -226,7 +228,10 @@ class DeviceEngine:
         generation, k = ticket
         if generation != self.generation or k >= self.max_sites:
             return  # an async collective that outlived its step, or a site past max_sites
+        if not (self._warm or self._exited):
+            self._check_capture()  # the first exit compiles its kernel: not inside a capture
         self._exit(k)
+        self._exited = True
         if self._timed and k < len(self._step_events) and not self._capturing():
             self._step_events[k][1] = self._event()
 
