@@ -42,10 +42,10 @@ class ClusterResults:
 class VirtualCluster:
     """N ranks as N streams on one GPU. `step(skew_us)` runs one training step: per rank a
     compute stand-in (a one-warp spin that ends `skew_us[i]` after the first rank's began, so
-    that the host's launches, one rank after another, do not add to the skew), then for each site enter (arrive stamp,
-    paced delay, enter stamp), the barrier, the exit stamp; then each rank's row from its
-    stamps, the exchange (the rows already sit in one matrix), the CuPy reduction and the Triton
-    update, as on a real rank."""
+    that the host's launches, one rank after another, do not add to the skew), then for each
+    site enter (arrive stamp, paced delay, enter stamp), the barrier, the exit stamp; then each
+    rank's row from its stamps, the exchange (the rows already sit in one matrix), the CuPy
+    reduction and the Triton update, as on a real rank."""
 
     def __init__(self, n_ranks: int, config: PaceConfig | None = None, *, n_sites: int = 1,
                  ctas: int = 1, timeout_us: float = 200_000.0, max_steps: int = 1024,
