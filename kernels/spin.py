@@ -1,4 +1,5 @@
-"""The spin-wait, alone and fused with the arrive and enter stamps.
+"""The spin-wait: alone, fused with the arrive and enter stamps, and from a common start as the
+virtual cluster's compute stand-in (`skew_spin`).
 
 One program, one warp (`num_warps=1`): a paced rank delays by keeping one warp busy instead of
 the many CTAs an NCCL kernel would spin on (DESIGN.md, "Why pacing can raise throughput").
