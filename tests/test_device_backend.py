@@ -272,6 +272,30 @@ def test_an_eager_step_asks_about_a_capture_at_its_first_site_and_its_end_alone(
     assert step(2) == [8]
 
 
+@pytest.mark.parametrize("from_site", [0, 3])
+def test_a_capture_before_warmup_is_refused_at_its_first_site_or_at_step(interp, from_site):
+    """A capture that starts at a step's first site is refused there; one that starts later
+    (the site kernels compiled by then) is refused at step(). Here the capture is a flag the
+    engine reads where it would ask CUDA."""
+    from gpupace.backends.device import DeviceEngine, WarmupError
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=8), None, 0, 1, device="cpu")
+    eng.clk[1] += 5000
+    eng.exit(eng.arrive())
+    eng.end_step(0, 0.0)  # one eager step: the kernels are compiled
+    capture = {"on": False}
+    eng._capturing = lambda: capture["on"]
+    for _ in range(from_site):
+        eng.exit(eng.arrive())
+    capture["on"] = True
+    with pytest.raises(WarmupError, match="warmup"):
+        for _ in range(from_site, 8):
+            eng.exit(eng.arrive())
+        eng.end_step(1, 0.0)
+    # where it was refused: at the first site, before it counted, or at step() after all 8
+    assert eng.n_sites == (0 if from_site == 0 else 8)
+
+
 def test_engine_warmup_leaves_the_state_alone(interp):
     eng, *_ = run_engine(3)
     before = {k: v.clone() for k, v in eng.state.items()}
