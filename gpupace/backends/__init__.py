@@ -82,6 +82,25 @@ def cupy_missing() -> str | None:
     return None
 
 
+def interpreter_defect() -> str | None:
+    """Why Triton's CPU interpreter (TRITON_INTERPRET=1: the device engine's CPU tests) cannot
+    run gpupace's kernels here, or None. Before Triton 3.7 it turns a scalar into a loop bound
+    or an index with int() of a 1-element array, which NumPy 2 refuses (3.7 squeezes the array
+    first). Imports no kernel: a process may set TRITON_INTERPRET after calling it."""
+    import numpy as np
+    import triton
+
+    major, minor = (int(x) for x in triton.__version__.split(".")[:2])
+    if (major, minor) >= (3, 7):
+        return None
+    try:
+        int(np.zeros(1))
+    except TypeError:
+        return (f"Triton {triton.__version__}'s interpreter cannot run these kernels with NumPy "
+                f"{np.__version__} (it calls int() on 1-element arrays; fixed in Triton 3.7)")
+    return None
+
+
 def gather_rows(out, row, group) -> None:
     """all_gather of one row per rank into one preallocated buffer (flat, or [N, W] where the
     backend takes it): torch 2.13 renamed all_gather_into_tensor, deprecated there, to
