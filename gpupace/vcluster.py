@@ -96,8 +96,10 @@ class VirtualCluster:
         self.est_hist = torch.zeros(max_steps, n_sites, dtype=f32, device=dev)
         self.valid_hist = torch.zeros(max_steps, dtype=i32, device=dev)
         self.delay_hist = torch.zeros(max_steps, n, n_sites, dtype=f32, device=dev)
-        # each step's common start of the ranks' compute (kernels.spin.skew_spin)
-        self.start_hist = torch.full((max_steps,), torch.iinfo(i64).max, dtype=i64, device=dev)
+        # each step's common start of the ranks' compute (kernels.spin.skew_spin), in rows of
+        # two: each step's slot 16-byte aligned, as Triton specialises a pointer on that (an
+        # odd step would compile another kernel between the ranks' launches)
+        self.start_hist = torch.full((max_steps, 2), torch.iinfo(i64).max, dtype=i64, device=dev)
         self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
         self._views = {k: __import__("cupy").from_dlpack(v) for k, v in
                        {"gathered": self.gathered, **self.red}.items()}
@@ -122,7 +124,7 @@ class VirtualCluster:
         # and a rank's exit stamp queued ahead of another rank's barrier would wait for a
         # barrier that cannot complete. It also compiles every kernel variant before the first
         # barrier of its phase is launched, so no barrier spins through a compile.
-        common = self.start_hist[self.steps:self.steps + 1]
+        common = self.start_hist[self.steps, :1]
         for i, s in ranks:
             s.wait_event(start)
             skew_us.record_stream(s)  # the caller's tensor stays alive until the spin has read it
