@@ -119,6 +119,26 @@ def engine_ways(dev) -> tuple[dict, dict]:
     return ways, facts
 
 
+def time_ways(ways: dict, windows: int, launches: int,
+              per_launch=_per_launch_us) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Us per call of each way, window by window after a warm one, interleaved (the machine's
+    drift hits every way alike); a way that raises is dropped, with why, and the others go
+    on: ({way: samples}, {way: error})."""
+    ways, failed = dict(ways), {}
+    samples: dict[str, list[float]] = {k: [] for k in ways}
+    for window in range(-1, windows):  # the warm one: caches, the driver's first launches
+        for k, fn in list(ways.items()):
+            try:
+                us = per_launch(fn, 20 if window < 0 else launches)
+            except Exception as e:  # noqa: BLE001 - one way failing keeps the others' figures
+                failed[k] = f"{type(e).__name__}: {e}"
+                del ways[k], samples[k]
+                continue
+            if window >= 0:
+                samples[k].append(us)
+    return samples, failed
+
+
 def measure(launches: int = 200, windows: int = 15) -> dict:
     import torch
     import triton
@@ -168,16 +188,13 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
         more, facts = {}, {"why": f"{type(e).__name__}: {e}"}
     out["engine"] = facts
     ways.update(more)
-    for fn in ways.values():  # warm: caches, the driver's first launches
-        _per_launch_us(fn, 20)
-    samples = {k: [] for k in ways}
-    for _ in range(windows):  # interleaved: the machine's drift hits every way alike
-        for k, fn in ways.items():
-            samples[k].append(_per_launch_us(fn, launches))
+    samples, failed = time_ways(ways, windows, launches)
+    if failed:
+        out["failed"] = failed
     out["per_launch_us"] = {k: quantiles(np.array(v)) for k, v in samples.items()}
     med = {k: float(np.median(v)) for k, v in samples.items()}
     for fast in ("runner_exit_stamp", "hot_exit_stamp"):
-        if fast in med:
+        if fast in med and "jit_exit_stamp" in med:
             out[f"jit_over_{fast[:-len('_exit_stamp')]}"] = med["jit_exit_stamp"] / med[fast]
     if "runner_exit_stamp" in med and "hot_exit_stamp" in med:
         out["runner_over_hot"] = med["runner_exit_stamp"] / med["hot_exit_stamp"]

@@ -119,6 +119,33 @@ def test_the_launch_cost_probe_runs_in_its_own_process_and_skips_without_cuda(tm
     assert "launch cost: SKIP: no CUDA device" in log.read_text()
 
 
+def test_a_launch_way_that_fails_is_dropped_with_why_and_the_others_are_timed():
+    """launch_cost times many ways in one loop on a GPU; one that raises on a later call (a
+    direct launch gone wrong) must not take the others' figures with it."""
+    spec = importlib.util.spec_from_file_location("launch_cost", ROOT / "bench" / "launch_cost.py")
+    lc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lc)
+    calls = {"good": 0, "breaks": 0}
+
+    def good():
+        calls["good"] += 1
+
+    def breaks():
+        calls["breaks"] += 1
+        if calls["breaks"] > 2:  # after the warm window and one timed window
+            raise RuntimeError("illegal launch")
+
+    def per_launch(fn, n):  # a stand-in timer: no GPU here
+        fn()
+        return float(n)
+
+    samples, failed = lc.time_ways({"good": good, "breaks": breaks}, windows=4, launches=7,
+                                   per_launch=per_launch)
+    assert samples == {"good": [7.0] * 4}
+    assert failed == {"breaks": "RuntimeError: illegal launch"}
+    assert calls == {"good": 5, "breaks": 3}
+
+
 def test_half_a_launch_cost_file_is_an_error_not_the_end_of_the_check(tmp_path, monkeypatch):
     """A probe killed mid-write leaves half its JSON: the check records why and goes on to
     its other phases (a traceback there ended the run before the overhead figures)."""
