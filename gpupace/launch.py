@@ -10,8 +10,8 @@ they fork from multiprocessing's fork server, which imported torch once: 0.13 s 
 2.5 s for the run that starts the server. Forked ranks take the caller's environment, stdout and
 stderr of the moment, as spawned ones do (the server's are those of its start); the
 environment is set before the function and its arguments are unpickled, but modules imported
-before that (torch in the server; gpupace and what it imports, and the caller's main module,
-in the rank) read theirs at import. Their arguments travel by plain pickle: tensors are copied,
+before that (torch, gpupace and numba in the server; the caller's main module in the rank)
+read theirs at import. Their arguments travel by plain pickle: tensors are copied,
 not shared, and multiprocessing's queues and locks cannot be passed.
 """
 
@@ -33,7 +33,9 @@ from typing import Any
 
 START_METHOD = "spawn"  # or "forkserver" (module docstring)
 START_METHODS = ("spawn", "forkserver")
-PRELOAD = ["torch", "torch.distributed"]  # what the fork server imports once for every rank
+# What the fork server imports once for every rank (gpupace: ~0.6 s of numba's import a rank
+# on the 2-core VM; it imports no kernel, so no Triton, and reads no environment at import)
+PRELOAD = ["torch", "torch.distributed", "gpupace"]
 
 
 class _CallerFd:
