@@ -14,6 +14,7 @@ settings.register_profile("ci", derandomize=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+
 @pytest.fixture(autouse=True, scope="session")
 def ranks_from_a_fork_server():
     """Ranks of `gpupace.launch.run_ranks` fork from a server that imported torch once (a
