@@ -130,6 +130,17 @@ def test_a_forked_rank_that_cannot_unpickle_its_arguments_reports_why(forked):
         run_ranks(_env_and_cwd, 1, Unloadable())
 
 
+def test_what_the_fork_server_imports_loads_no_triton():
+    """Forked ranks inherit the server's modules: had it imported Triton (through a kernel),
+    a rank that sets TRITON_INTERPRET first (tests/test_device_gloo.py) would get compiled
+    kernels on a CPU."""
+    code = (f"import sys\nfor m in {launch.PRELOAD!r}: __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('triton', 'cupy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_an_unknown_start_method_is_refused_naming_it(monkeypatch):
     monkeypatch.setattr(launch, "START_METHOD", "fork")
     with pytest.raises(ValueError, match="START_METHOD must be one of .* got 'fork'"):
