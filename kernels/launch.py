@@ -44,8 +44,10 @@ def direct_wanted() -> bool:
     return env_switch(DIRECT_LAUNCH_ENV, True)
 
 
-def _current_stream(device: int) -> int:
-    return torch._C._cuda_getCurrentRawStream(device)  # once a launch: no import in here
+def current_stream(device: int) -> int:
+    """torch's current CUDA stream on `device`, as the raw handle Triton and CuPy take (no
+    Stream object made: it runs once a launch)."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 def launch_hooks_set() -> bool:
@@ -82,14 +84,14 @@ class Hot:
             if self._free is not None:
                 args = args.copy()
                 args[self._free] = value
-            self._run(*self._head, _current_stream(self._device), *self._tail, *args)
+            self._run(*self._head, current_stream(self._device), *self._tail, *args)
             return
         args = self._args
         if self._free is not None:
             args = args.copy()
             args[self._free] = value
         if self._runner is not None:
-            self._runner(*args, stream=_current_stream(self._device))
+            self._runner(*args, stream=current_stream(self._device))
             return
         compiled = self._fn[self._grid](*args, **self._meta)
         if self._direct and all(hasattr(compiled, a) for a in ("run", "function",

@@ -250,8 +250,8 @@ def test_tail_graphs_are_for_cuda_alone(interp, monkeypatch):
 def test_an_eager_step_asks_about_a_capture_at_its_first_site_and_its_end_alone(interp):
     """Each query is a CUDA call on the eager hot path: before warm-up one at a step's first
     site (a capture there is refused), one at the first exit ever, and one in step(); after
-    it, step()'s alone. (On a CPU
-    device the answer is always no; what is counted is the asking.)"""
+    it, step()'s alone. (On a CPU device the answer is always no; what is counted is the
+    asking.)"""
     from gpupace.backends.device import DeviceEngine
 
     eng = DeviceEngine(PaceConfig(mode="observe", max_sites=8), None, 0, 1, device="cpu")

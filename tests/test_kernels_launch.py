@@ -60,7 +60,7 @@ class Kernel:
 
 @pytest.fixture
 def stream(monkeypatch):
-    monkeypatch.setattr(launch, "_current_stream", lambda device: 4242)
+    monkeypatch.setattr(launch, "current_stream", lambda device: 4242)
     return 4242
 
 

@@ -103,9 +103,10 @@ class DeviceEngine:
             raise ValueError(f"gpupace: {where} {dev} but the current CUDA device is "
                              f"cuda:{torch.cuda.current_device()}; call "
                              f"torch.cuda.set_device({dev.index}) before making the Pacer")
-        from gpupace.kernels import clock, reduce, spin, stamp, update  # triton only from here
+        from gpupace.kernels import clock, launch, reduce, spin, stamp, update  # triton from here
 
         self._k_spin, self._k_stamp, self._k_update, self._k_reduce = spin, stamp, update, reduce
+        self._k_launch = launch
         if dev.type == "cuda":
             why = device_backend_missing()
             if why:
@@ -116,7 +117,7 @@ class DeviceEngine:
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._cuda = dev.type == "cuda"
-        self._pace_stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self._pace_stream = torch.cuda.Stream(dev) if self._cuda else None
         # The fork's and the join's events, recorded anew at each use (Stream.wait_stream
         # would make an event each time): a wait takes the record made just before it.
         self._fork_event = torch.cuda.Event() if self._cuda else None
@@ -328,9 +329,8 @@ class DeviceEngine:
     def _reduce(self, n: int) -> None:
         if self._cuda:
             v = self._views()
-            # the raw handle, as Triton takes it: no Stream object made a step
-            stream = torch._C._cuda_getCurrentRawStream(self.device.index)
-            self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n, stream_ptr=stream,
+            self._k_reduce.reduce_rows(v["gathered"], v, n_sites=n,
+                                       stream_ptr=self._k_launch.current_stream(self.device.index),
                                        device=self.device.index or 0)
         else:  # CPU tests: the NumPy twin, written into the same buffers
             out = self._k_reduce.reduce_reference(self.gathered.numpy(), n)
