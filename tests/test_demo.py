@@ -1,13 +1,16 @@
 """`gpupace demo` through its CLI at a small size, its scenarios and its errors."""
 
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
 
+from gpupace import PaceConfig
 from gpupace.cli import main
-from gpupace.demo import SCENARIOS, make_schedule
+from gpupace.demo import SCENARIOS, WARMUP_STEPS, make_schedule, settle_steps
+from gpupace.launch import run_ranks
 from gpupace.telemetry import first_measured_step, read_telemetry
 
 
@@ -39,23 +42,62 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
         assert result[side]["throughput"] > 0
     assert result["baseline"]["delay_mean"] == 0.0  # observe mode never delays
     assert result["baseline"]["delayed_fraction"] == 0.0
-    # Settled, the pacer delays the early rank (not on every step: a noisy step where it
-    # arrives last restarts its holdoff); the entries then come closer together than the
-    # natural arrivals, which pacing does not move.
-    assert result["paced"]["delayed_fraction"] > 0
-    assert result["paced"]["entry_spread_mean"] < result["paced"]["spread_mean"]
+    # Whether the pacer delays anyone here is up to this machine: the injected work is compute
+    # that shares the cores with the other rank, and on a loaded 2-core VM the steps' noise
+    # can match the 8 ms and keep the early rank from its holdoff's calm steps (1 run in 8
+    # under load delayed nobody). That the demo's pacer delays the early rank is
+    # `test_demo_phases_pace_the_early_rank_of_a_sleeping_straggler`'s; here, that the table
+    # says what happened, and that delays never widen the entries.
+    paced = result["paced"]
+    assert ("pacing delayed nobody" in table) == (paced["delayed_fraction"] == 0)
+    assert paced["entry_spread_mean"] <= paced["spread_mean"]
     # rank 1 carries the injected work: it is the last arrival on most steady steps
     hist = result["baseline"]["straggler_histogram"]
     assert hist[1] > hist[0]
+    delay_by_rank = np.zeros(2)
     for label in ("baseline-1", "paced-1", "paced-2", "baseline-2"):  # the four phases
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
+        delay_by_rank += sum(r.delay_us for r in tel.records)
         assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
         assert len(tel.records) == 50 and not tel.skipped
         # the report counts the steps the table counts
         assert first_measured_step(tel.header) == 20
+    # any delays went to rank 0, early by the injected work, rather than to the straggler
+    assert delay_by_rank[1] <= delay_by_rank[0]
     assert sorted(p.name for p in (tmp_path / "tel").iterdir()) == [
         "baseline-1.jsonl", "baseline-2.jsonl", "mine.jsonl", "paced-1.jsonl", "paced-2.jsonl"]
     assert (tmp_path / "tel" / "mine.jsonl").read_text() == "not the demo's\n"
+
+
+def _abba_with_a_sleeping_straggler(rank: int, world: int, **kwargs):
+    """The demo's four phases with the injected work slept (one unit a millisecond) instead of
+    computed: a straggler that does not take a core from the other rank."""
+    from gpupace import demo_worker
+
+    demo_worker.work_units = lambda n: time.sleep(n * 1e-3)
+    return demo_worker.run_abba(rank, world, **kwargs)
+
+
+@pytest.mark.timeout(150)
+def test_demo_phases_pace_the_early_rank_of_a_sleeping_straggler():
+    # The demo's own phases (observe, pace, pace, observe) and settings, 2 ranks, rank 1 late
+    # by 8 ms of sleep every step: the paced phases delay rank 0 (on 83-93% of the measured
+    # steps by 2.5-2.7 ms, half of rank 0's 5 ms, in 3 runs on the idle 2-core VM; on 47% in
+    # one of 9 beside other work), and the entries come closer together than the arrivals;
+    # the baseline never delays. (Arrivals spread wider than 8 ms: the compute shares 2 cores.)
+    config = PaceConfig(warmup_steps=WARMUP_STEPS, telemetry_interval=20)
+    settle = settle_steps(config, 2)
+    results = run_ranks(_abba_with_a_sleeping_straggler, 2, timeout_s=120,
+                        schedule=make_schedule("persistent", 2, 100, 8.0, seed=0),
+                        units_per_ms=1.0, wait="sleep", batch=32, seed=0, config=config,
+                        stats_from=settle, telemetry_dir=None, scenario="persistent",
+                        show_progress=False)
+    baseline, paced = results[0]["baseline"], results[0]["paced"]
+    assert baseline["delayed_fraction"] == 0.0
+    assert paced["delayed_fraction"] > 0.25
+    assert paced["delay_mean"] > 500.0  # us a step, averaged over the 2 ranks
+    assert paced["entry_spread_mean"] < paced["spread_mean"]
+    assert paced["straggler_histogram"][1] > paced["straggler_histogram"][0]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
