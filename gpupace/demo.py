@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,13 +28,18 @@ import numpy as np
 from .cli import check_output_dir, check_output_file
 from .config import PaceConfig
 from .launch import run_ranks
+from .report.diagnose import MIN_STEPS
 from .summary import SUMMARY_ROWS
 
 SCENARIOS = ("persistent", "random", "locality", "mixed")
 WAITS = ("sleep", "spin")
 DEFAULT_STEPS = 160
+EXTRA_STEPS = 40  # by default, beyond the fewest a run may have: 10 more measured a phase
 WARMUP_STEPS = 10
-STATS_STEPS = 20  # the fewest steps of a phase that its statistics may rest on
+# The fewest measured steps of a phase: what `gpupace report` needs to diagnose a phase's file.
+STATS_STEPS = MIN_STEPS
+MAX_RANKS = 256  # one process a rank, on this machine
+MAX_SEED = 2**32  # torch's generators take seed * 1000 + rank; NumPy's any size
 
 
 def settle_steps(config: PaceConfig, ranks: int) -> int:
@@ -102,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = PaceConfig(warmup_steps=WARMUP_STEPS, telemetry_interval=20)
     if args.steps is None:
-        args.steps = max(DEFAULT_STEPS, min_steps(config, args.ranks) + 2 * STATS_STEPS)
+        args.steps = max(DEFAULT_STEPS, min_steps(config, args.ranks) + EXTRA_STEPS)
     _check(args, config)
     backend = _backend(args)
     _make_outputs(args)
@@ -126,10 +132,17 @@ def run(args: argparse.Namespace) -> int:
           f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
           file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    results = run_ranks(run_abba, args.ranks, backend=backend, timeout_s=args.timeout,
-                        schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
-                        batch=args.batch, seed=args.seed, config=config, stats_from=settle,
-                        telemetry_dir=args.telemetry, scenario=args.scenario, show_progress=True)
+    staging = _staging_dir(args)
+    try:
+        results = run_ranks(run_abba, args.ranks, backend=backend, timeout_s=args.timeout,
+                            schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
+                            batch=args.batch, seed=args.seed, config=config, stats_from=settle,
+                            telemetry_dir=staging, scenario=args.scenario, show_progress=True)
+        if staging is not None:
+            _publish_telemetry(staging, args.telemetry)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     result = comparison(args, backend, results[0], settle)
     print(format_table(result))
     print(f"({time.perf_counter() - t0:.1f} s; one unit of injected work measured at "
@@ -147,6 +160,9 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
     if args.ranks < 2:
         raise ValueError(f"--ranks must be >= 2 (pacing needs ranks to wait for each other), "
                          f"got {args.ranks}")
+    if args.ranks > MAX_RANKS:
+        raise ValueError(f"--ranks must be <= {MAX_RANKS} (one process a rank on this "
+                         f"machine), got {args.ranks}")
     need = min_steps(config, args.ranks)
     if args.steps < need:
         raise ValueError(
@@ -160,8 +176,8 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
         raise ValueError(f"--straggle-ms must be a finite number >= 0, got {args.straggle_ms}")
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
-    if args.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed < MAX_SEED:
+        raise ValueError(f"--seed must be in [0, 2**32), got {args.seed}")
     if not (args.timeout > 0 and math.isfinite(args.timeout)):  # nan: no deadline at all
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     # Every step of both sides waits for the straggler's work at least: a run that cannot end
@@ -186,13 +202,28 @@ def _make_outputs(args: argparse.Namespace) -> None:
     """The output folders, once every check has passed (a refused run leaves none behind);
     one that can't be made ends the run before it starts."""
     if args.telemetry:
-        from .demo_worker import telemetry_files
-
         Path(args.telemetry).mkdir(parents=True, exist_ok=True)
-        for path in telemetry_files(args.telemetry):  # the demo's own: a rerun replaces them
-            Path(path).unlink(missing_ok=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+
+
+def _staging_dir(args: argparse.Namespace) -> str | None:
+    """A fresh hidden folder in --telemetry for the run's files: an earlier demo's stay in
+    place until this run has succeeded (a run that fails or is interrupted replaces nothing)."""
+    if not args.telemetry:
+        return None
+    path = Path(args.telemetry) / f".gpupace-demo-{os.getpid()}"
+    shutil.rmtree(path, ignore_errors=True)  # a dead run's, whose pid this one took
+    path.mkdir()
+    return str(path)
+
+
+def _publish_telemetry(staging: str, telemetry: str) -> None:
+    """Moves the run's phase files into --telemetry, replacing an earlier demo's."""
+    from .demo_worker import telemetry_files
+
+    for new, old in zip(telemetry_files(staging), telemetry_files(telemetry), strict=True):
+        os.replace(new, old)
 
 
 def _backend(args: argparse.Namespace) -> str:

@@ -121,16 +121,19 @@ def test_schedule_scenarios_put_the_work_where_they_say():
     "argv, message",
     [
         (["--ranks", "1"], "--ranks must be >= 2 (pacing needs ranks to wait for each other)"),
-        (["--steps", "99"], "--steps must be >= 100 at 4 ranks, got 99"),
-        (["--ranks", "16", "--steps", "200"], "--steps must be >= 220 at 16 ranks"),
+        (["--ranks", "257"], "--ranks must be <= 256 (one process a rank on this machine), "
+         "got 257"),
+        (["--steps", "119"], "--steps must be >= 120 at 4 ranks, got 119"),
+        (["--ranks", "16", "--steps", "200"], "--steps must be >= 240 at 16 ranks"),
         (["--straggle-ms", "nan"], "--straggle-ms must be a finite number"),
         (["--batch", "0"], "--batch must be >= 1"),
-        (["--seed", "-1"], "--seed must be >= 0, got -1"),
-        (["--steps", "101"], "--steps must be even (two phases a side, half each), got 101"),
+        (["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
+        (["--seed", str(2**64)], f"--seed must be in [0, 2**32), got {2**64}"),
+        (["--steps", "121"], "--steps must be even (two phases a side, half each), got 121"),
         (["--timeout", "nan"], "--timeout must be a finite number of seconds > 0, got nan"),
         (["--timeout", "0"], "--timeout must be a finite number of seconds > 0, got 0.0"),
-        (["--straggle-ms", "20000", "--steps", "100"], "--straggle-ms 20000 over 100 steps a "
-         "side is 4000 s of straggler work alone, past --timeout 600 s"),
+        (["--straggle-ms", "20000", "--steps", "120"], "--straggle-ms 20000 over 120 steps a "
+         "side is 4800 s of straggler work alone, past --timeout 600 s"),
     ],
 )
 def test_demo_bad_options_give_one_clear_error(argv, message, capsys):
@@ -148,6 +151,19 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
     assert f"--telemetry must be a folder, got the file '{a_file}'" in capsys.readouterr().err
     assert main(["demo", "--json", str(a_file / "out.json")]) == 2  # a file as a parent
     assert "gpupace demo: error:" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_a_demo_that_fails_leaves_the_earlier_demos_telemetry(tmp_path, capsys):
+    tel = tmp_path / "tel"
+    tel.mkdir()
+    (tel / "baseline-1.jsonl").write_text("an earlier demo's\n")
+    rc = main(["demo", "--ranks", "2", "--steps", "100", "--straggle-ms", "1", "--timeout", "2",
+               "--telemetry", str(tel)])
+    assert rc != 0 and "did not finish within 2 s" in capsys.readouterr().err
+    # the new run's files went to a folder of their own, removed with them
+    assert sorted(p.name for p in tel.iterdir()) == ["baseline-1.jsonl"]
+    assert (tel / "baseline-1.jsonl").read_text() == "an earlier demo's\n"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
