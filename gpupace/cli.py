@@ -61,6 +61,8 @@ def check_output_file(option: str, path: str) -> None:
     """ValueError naming `option` unless `path` can be written as a file: not a directory,
     and its nearest existing parent a writable directory (the missing ones are created).
     For the subcommands, before a run whose results a bad path would cost."""
+    if not path:  # an unset shell variable: nothing would be written, and nothing said
+        raise ValueError(f"{option} must be a file path, got an empty string")
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{option} must be a file path, got the directory {path!r}")
@@ -72,6 +74,8 @@ def check_output_file(option: str, path: str) -> None:
 def check_output_dir(option: str, path: str) -> None:
     """ValueError naming `option` unless `path` can be written as a folder: not a file, and
     its nearest existing folder (itself, or a parent) writable."""
+    if not path:  # Path('') is '.': an unset shell variable wrote into the current folder
+        raise ValueError(f"{option} must be a folder path, got an empty string")
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{option} must be a folder, got the file {path!r}")

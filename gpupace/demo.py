@@ -192,9 +192,9 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Before the run, not after it: a bad path must not cost the results."""
-    if args.telemetry:
+    if args.telemetry is not None:  # '' too: refused, not read as no option
         check_output_dir("--telemetry", args.telemetry)
-    if args.json:
+    if args.json is not None:
         check_output_file("--json", args.json)
 
 

@@ -151,6 +151,11 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
     assert f"--telemetry must be a folder, got the file '{a_file}'" in capsys.readouterr().err
     assert main(["demo", "--json", str(a_file / "out.json")]) == 2  # a file as a parent
     assert "gpupace demo: error:" in capsys.readouterr().err
+    # an unset shell variable's empty path: refused before the run, not taken for no option
+    assert main(["demo", "--json", ""]) == 2
+    assert "--json must be a file path, got an empty string" in capsys.readouterr().err
+    assert main(["demo", "--telemetry", ""]) == 2
+    assert "--telemetry must be a folder path, got an empty string" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)

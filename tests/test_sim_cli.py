@@ -132,6 +132,70 @@ def test_cli_checks_output_paths_before_simulating(tmp_path, capsys, option, val
     assert f"{option} must" in err[0] and repr(path) in err[0] and expected in err[0]
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("option", ["--json", "--plot", "--telemetry", "--from-telemetry"])
+def test_an_empty_path_is_refused_before_simulating(tmp_path, capsys, monkeypatch, option):
+    """'--json $OUT' with OUT unset: --json and --plot wrote nothing and said nothing,
+    --telemetry failed on '.' after the whole run, --from-telemetry ran the paper preset."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["simulate", "--nodes", "64", "--steps", "10000000", option, ""])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert err[0] == f"gpupace simulate: error: {option} must be a file path, got an empty string"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def real_run(tmp_path):
+    """A job's telemetry file, as `simulate --from-telemetry` reads it."""
+    return write_telemetry(simulate(presets.quiet(1), "none", steps=60), tmp_path / "real.jsonl")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("option,value", [
+    ("--telemetry", "real.jsonl"),
+    ("--json", "real.jsonl"),
+    ("--json", "sub/../real.jsonl"),  # another name for it
+    ("--plot", "real.svg"),  # a link to it
+    ("--telemetry", "real-{nodes}-{policy}.jsonl"),  # one run's file is it
+])
+def test_an_output_onto_the_telemetry_read_is_refused(tmp_path, capsys, real_run, option,
+                                                      value):
+    """The real job's file was replaced by simulated telemetry or by the table."""
+    (tmp_path / "real.svg").symlink_to(real_run)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "real-1-gpupace.jsonl").hardlink_to(real_run)
+    before = real_run.read_bytes()
+    files = set(tmp_path.iterdir())
+    path = str(tmp_path / value)
+    rc = main(["simulate", "--from-telemetry", str(real_run), "--nodes", "1", "--steps", "60",
+               option, path])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"gpupace simulate: error: {option} must not be the "
+                             f"--from-telemetry file, which it would write over: got ")
+    assert repr(path) in err[0] and repr(str(real_run)) in err[0]
+    assert real_run.read_bytes() == before and set(tmp_path.iterdir()) == files
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("first,second,expected", [
+    (("--json", "t.svg"), ("--plot", "t.svg"), "--plot must not be the --json file"),
+    (("--json", "t.jsonl"), ("--telemetry", "sub/../t.jsonl"),
+     "--telemetry must not be the --json file"),
+    (("--plot", "t.svg"), ("--telemetry", "t.svg"), "--telemetry must not be the --plot file"),
+])
+def test_two_outputs_onto_one_file_are_refused(tmp_path, capsys, first, second, expected):
+    """One would be written over by the other: refused before the run, nothing written."""
+    (tmp_path / "sub").mkdir()
+    argv = [a for opt, name in (first, second) for a in (opt, str(tmp_path / name))]
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "64", "--steps", "10000000", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and expected in err[0], err
+    assert repr(str(tmp_path / first[1])) in err[0] and repr(str(tmp_path / second[1])) in err[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["sub"]
+
+
 def test_cli_creates_missing_output_folders(tmp_path):
     js, png = tmp_path / "a" / "b" / "t.json", tmp_path / "c" / "t.svg"
     rc = main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "50",

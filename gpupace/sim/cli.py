@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import Scenario
-from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, SimResult, policy_start_step
+from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, POLICIES, SimResult, policy_start_step
 from .table import finite, format_table, plot_table, scaling_table
 
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
@@ -90,13 +91,19 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
                          f"use the second half), got {args.steps}")
     if args.seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
-    if args.from_telemetry and args.preset:
+    # An unset shell variable ('--json $OUT') gives '': refused, not read as no option (it
+    # wrote nothing, ran the paper preset, or failed on '.' after the whole run).
+    for option, path in (("--from-telemetry", args.from_telemetry), ("--json", args.json),
+                         ("--plot", args.plot), ("--telemetry", args.telemetry)):
+        if path == "":
+            raise ValueError(f"{option} must be a file path, got an empty string")
+    if args.from_telemetry is not None and args.preset:
         raise ValueError("give --preset or --from-telemetry, not both")
-    if args.json:
+    if args.json is not None:
         check_output_file("--json", args.json)
-    if args.plot:
+    if args.plot is not None:
         check_plot(args.plot)
-    if args.telemetry:
+    if args.telemetry is not None:
         tel = args.telemetry
         # Every node count runs three policies: a name without one of the two would be written
         # again by the next run, and hold the last one only.
@@ -107,7 +114,42 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
             raise ValueError(f"--telemetry with {{policy}} and {len(nodes)} node counts needs "
                              f"{{nodes}} too, got {tel!r}")
         check_output_file("--telemetry", tel.replace("{nodes}", "1").replace("{policy}", "none"))
+    check_distinct_files(args, nodes)
     return nodes
+
+
+def check_distinct_files(args: argparse.Namespace, nodes: list[int]) -> None:
+    """ValueError naming both options when an output is the --from-telemetry file (the real
+    job's telemetry, written over) or another output (one of the two lost)."""
+    files = [(o, p, p) for o, p in (("--from-telemetry", args.from_telemetry),
+                                    ("--json", args.json), ("--plot", args.plot)) if p is not None]
+    tel = args.telemetry
+    runs: list[tuple[str, str, str]] = []
+    if tel is not None:  # every file a {nodes}/{policy} name expands to, a plain name once
+        runs = list(dict.fromkeys(
+            ("--telemetry", tel, tel.replace("{nodes}", str(n)).replace("{policy}", p))
+            for n in nodes for p in POLICIES))
+    # the runs' names differ from each other (check_arguments): each is compared with the
+    # other options' files alone, not with thousands of runs at 4096 node counts
+    for i, (option, given, path) in enumerate(files + runs):
+        for other, other_given, other_path in files[:i]:
+            if not _same_file(path, other_path):
+                continue
+            if given == other_given:
+                got = f"{given!r} for both"
+            else:
+                shown = repr(given) if path == given else f"{given!r} ({path!r})"
+                got = f"{option} {shown} and {other} {other_given!r}, one file"
+            raise ValueError(f"{option} must not be the {other} file, which it would write "
+                             f"over: got {got}")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether `a` and `b` name one file: the same inode when both exist (a link to it too),
+    else the same absolute path with links resolved."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def run(args: argparse.Namespace) -> int:
