@@ -238,6 +238,6 @@ def test_the_host_policy_figure_is_measured_on_this_cpu_and_judged():
     dc.bench_host_policy(fig)
     hp = fig["host_policy_update_4096x4_us"]
     assert hp["own_rank"]["n"] == 300 and hp["update_reference"]["n"] == 300
-    assert 0 < hp["own_rank"]["p50"] < hp["update_reference"]["p50"]  # the fused kernel ran
+    assert hp["kernel_ran"] and hp["own_rank"]["p50"] > 0 and hp["update_reference"]["p50"] > 0
     verdict = dc.verdicts(fig)["host_policy_update_4096x4"]
     assert verdict.startswith(("met", "missed")) and hp["cpu"] in verdict

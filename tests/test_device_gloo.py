@@ -75,13 +75,22 @@ def _issued_collectives(rank: int, world: int, n_steps: int):
     from gpupace.backends.device import DeviceEngine
 
     eng = DeviceEngine(PaceConfig(mode="pace", max_sites=2), None, rank, world, device="cpu")
+
+    class Work:  # the collective's own work; its wait moves the virtual clock 7 us on
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self):
+            self.work.wait()
+            eng.clk[1] += 7000
+
     sums, rows = [], []
     for step in range(n_steps):
         t = torch.full((4,), float(rank + 1))
         with eng.issue(sync=False):  # the flow of Pacer.collective(..., async_op=True)
             ticket = eng.arrive()
             work = dist.all_reduce(t, async_op=True)
-            eng.leave(ticket, work)
+            eng.leave(ticket, Work(work))
         eng.end_step(step, 0.0)
         sums.append(t.tolist())
         rows.append(eng.gathered.numpy().copy())
@@ -90,10 +99,11 @@ def _issued_collectives(rank: int, world: int, n_steps: int):
 
 def test_device_engine_issue_and_leave_around_an_async_collective():
     for sums, rows in run_ranks(_issued_collectives, 2, 3):
-        assert all(s == [3.0] * 4 for s in sums)  # the collective completed before its exit
+        assert all(s == [3.0] * 4 for s in sums)
         for g in rows:
             assert (g[:, 0] == 1).all()  # one site per rank, its exit stamped
-            assert np.isfinite(g[:, 2]).all() and (g[:, 2] >= 0).all()  # a wait for each
+            # each rank's wait is the 7 us its work's wait() took: the exit was stamped after it
+            np.testing.assert_allclose(g[:, 2], 7.0, rtol=1e-6)
 
 
 def _exchanges_alone(rank: int, world: int, gather_alone: bool):
@@ -114,7 +124,9 @@ def _exchanges_alone(rank: int, world: int, gather_alone: bool):
     dist.all_gather = counted
     try:
         for step in range(3):
-            eng.exit(eng.arrive())
+            ticket = eng.arrive()
+            eng.clk[1] += 5000  # the collective took 5 us of the virtual clock
+            eng.exit(ticket)
             eng.end_step(step, 0.0)
     finally:
         dist.all_gather = real
@@ -127,4 +139,4 @@ def test_one_rank_exchanges_by_copy_or_by_all_gather_for_the_benchmarks(gather_a
     time they report per paced collective includes the all_gather a step of many ranks pays."""
     ((calls, gathered),) = run_ranks(_exchanges_alone, 1, gather_alone)
     assert calls == (3 if gather_alone else 0)
-    assert gathered[0, 0] == 1 and gathered[0, 2] >= 0  # the row itself: one site, its wait
+    assert gathered[0, 0] == 1 and gathered[0, 2] == pytest.approx(5.0)  # the row: one site, its wait

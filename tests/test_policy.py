@@ -226,6 +226,7 @@ def test_update_takes_the_fused_path_for_large_jobs_with_the_same_result():
     w, d = rng.uniform(0, 3000, (128, 4)), np.zeros((128, 4))
     a = update(params, init_state(128, 4), w, d, np.full(128, 1e4))  # 512 elements: fused
     b = update_reference(params, init_state(128, 4), w, d, np.full(128, 1e4))
+    assert a[0].plan is not None and b[0].plan is None  # the kernel ran: not the reference twice
     np.testing.assert_allclose(a[1].spread, b[1].spread)
     np.testing.assert_allclose(a[0].floor, b[0].floor)
 

@@ -349,9 +349,20 @@ def test_closing_a_writer_with_a_long_queue_says_what_it_waits_for(tmp_path):
     w = TelemetryWriter(tmp_path / "t.jsonl", make_header(source="test", world_size=16384),
                         background=True)
     wide = np.full(16384, 0.5)
-    with w._lock:
-        for k in range(40):  # ~21 MB queued by the writer's estimate, over its 16 MB notice
-            w.write(record(k, earliness_us=wide))
+    queued = w._queue
+
+    class Held:  # the writer's queue; the thread writes nothing until close() has looked at it
+        get, qsize = queued.get, queued.qsize
+
+        def put(self, item):
+            if item is None:  # close()'s end mark, put once it has read the queue's length
+                w._lock.release()
+            queued.put(item)
+
+    w._queue = Held()
+    w._lock.acquire()  # the writing thread waits for the file's lock
+    for k in range(40):  # ~21 MB queued by the writer's estimate, over its 16 MB notice
+        w.write(record(k, earliness_us=wide))
     with pytest.warns(RuntimeWarning, match=r"writing the \d+ telemetry records still queued"):
         w.close()
     assert len(read_telemetry(tmp_path / "t.jsonl").records) == 40
