@@ -31,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False,
                        aliases=[a for a, to in ALIASES.items() if to == name])
-    if not argv or argv[0] not in COMMANDS:
-        parser.parse_args(argv or ["--help"])
+    if not argv:  # a usage error, as argparse's own: the help, to stderr, and status 2
+        parser.print_help(sys.stderr)
+        return 2
+    if argv[0] not in COMMANDS:
+        parser.parse_args(argv)  # exits: 0 for --help, 2 for an unknown command
         return 2
     module_name = COMMANDS[argv[0]][0]
     try:

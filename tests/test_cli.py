@@ -1,0 +1,20 @@
+"""The `gpupace` command itself: no command, --help, an unknown command."""
+
+import pytest
+
+from gpupace.cli import main
+
+
+def test_no_command_is_a_usage_error_that_shows_the_commands(capsys):
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert "usage: gpupace" in err and "demo" in err and "report" in err
+
+
+def test_help_exits_0_and_an_unknown_command_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0 and "usage: gpupace" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["dmeo"])
+    assert e.value.code == 2 and "invalid choice: 'dmeo'" in capsys.readouterr().err
