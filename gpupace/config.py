@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,12 +259,19 @@ def _warn_unknown_env() -> None:
     if _env_checked:
         return
     _env_checked = True
-    fields = {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PaceConfig)}
-    unknown = sorted(k for k in os.environ
-                     if k.startswith(ENV_PREFIX) and k not in fields | OTHER_ENV)
-    if unknown:
+    if unknown := unknown_env(os.environ):
         warnings.warn(f"gpupace: ignoring unknown environment variables {unknown}; the known "
-                      f"ones are {sorted(fields)}", RuntimeWarning, stacklevel=4)
+                      f"ones are {sorted(field_env())}", RuntimeWarning, stacklevel=4)
+
+
+def field_env() -> set[str]:
+    """The environment variables that set PaceConfig's fields."""
+    return {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PaceConfig)}
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """The GPUPACE_* names in `env` that gpupace does not read, sorted."""
+    return sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in field_env() | OTHER_ENV)
 
 
 def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:

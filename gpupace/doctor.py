@@ -8,8 +8,11 @@ import argparse
 import json
 import os
 import platform
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from .config import PaceConfig, unknown_env
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,9 +71,14 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
 
     from .backends.tail import tail_graph_wanted
 
-    # The device backend's launch switches, as this environment sets them.
-    info["direct_launch"] = direct_wanted()
-    info["tail_graph"] = tail_graph_wanted()
+    # The device backend's launch switches, as this environment sets them, and every setting
+    # of it that a Pacer would refuse or ignore: all of them, not the first.
+    info["settings_errors"] = errors = []
+    info["direct_launch"] = _setting(direct_wanted, True, errors)
+    info["tail_graph"] = _setting(tail_graph_wanted, False, errors)
+    _setting(PaceConfig, None, errors)
+    if unknown := unknown_env(os.environ):
+        errors.append(f"unknown environment variables {unknown}: a Pacer ignores them")
     info["warnings"] = warnings_for(os.environ)
 
     info["timer_tick_ns"] = None
@@ -82,6 +90,18 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
         except Exception as e:  # report it, do not crash the doctor
             info["timer_tick_error"] = f"{type(e).__name__}: {e}"
     return info
+
+
+def _setting(read: Callable[[], Any], default: Any, errors: list[str]) -> Any:
+    """`read()`, or `default` with its ValueError's message added to `errors`. (Its warnings
+    are silenced: an unknown variable's is among the doctor's errors.)"""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return read()
+    except ValueError as e:
+        errors.append(str(e))
+        return default
 
 
 def warnings_for(env: Mapping[str, str]) -> list[str]:
@@ -124,10 +144,11 @@ def format_text(info: dict[str, Any]) -> str:
     width = max(len(k) for k, _ in rows)
     lines += [f"  {k:<{width}}  {v}" for k, v in rows]
     lines += [f"\n  warning: {w}" for w in info.get("warnings", [])]
+    lines += [f"\n  error in the settings: {e}" for e in info.get("settings_errors", [])]
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     info = collect(measure_tick=not args.no_tick)
     print(json.dumps(info, indent=2) if args.json else format_text(info))
-    return 0
+    return 1 if info["settings_errors"] else 0

@@ -51,8 +51,24 @@ def test_doctor_says_how_the_device_backend_launches(capsys, monkeypatch):
     info = json.loads(capsys.readouterr().out)
     assert info["direct_launch"] is False and info["tail_graph"] is True
     monkeypatch.setenv("GPUPACE_TAIL_GRAPH", "yes")  # a switch takes 0 or 1, nothing else
-    assert main(["doctor", "--no-tick"]) == 2
-    assert "GPUPACE_TAIL_GRAPH must be 0 or 1, got 'yes'" in capsys.readouterr().err
+    assert main(["doctor", "--no-tick"]) == 1
+    assert "GPUPACE_TAIL_GRAPH must be 0 or 1, got 'yes'" in capsys.readouterr().out
+
+
+def test_doctor_lists_every_bad_setting_and_fails(capsys, monkeypatch):
+    for name, value in (("GPUPACE_DIRECT_LAUNCH", "maybe"), ("GPUPACE_MODE", "bogus"),
+                        ("GPUPACE_MAX_SITE", "8")):  # a typo of GPUPACE_MAX_SITES
+        monkeypatch.setenv(name, value)
+    assert main(["doctor", "--json", "--no-tick"]) == 1
+    errors = json.loads(capsys.readouterr().out)["settings_errors"]
+    assert len(errors) == 3
+    assert "GPUPACE_DIRECT_LAUNCH must be 0 or 1, got 'maybe'" in errors[0]
+    assert "mode must be one of" in errors[1] and "GPUPACE_MODE='bogus'" in errors[1]
+    assert "unknown environment variables ['GPUPACE_MAX_SITE']" in errors[2]
+    for name in ("GPUPACE_DIRECT_LAUNCH", "GPUPACE_MODE", "GPUPACE_MAX_SITE"):
+        monkeypatch.delenv(name)
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings_errors"] == []
 
 
 def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
