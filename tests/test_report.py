@@ -135,7 +135,7 @@ def test_nan_and_ragged_records_do_not_break_the_diagnosis():
     rng = np.random.default_rng(0)
     recs = []
     for k in range(120):
-        n = 4 if k % 7 else 3  # a record holding fewer ranks: padded with NaN
+        n = 4 if k % 7 else 3  # a record holding fewer ranks: skipped
         e = rng.exponential(500.0, n).tolist()
         recs.append(StepRecord(step=k, time_s=k * 0.1,
                                step_time_us=float("nan") if k % 11 == 0 else
@@ -145,6 +145,8 @@ def test_nan_and_ragged_records_do_not_break_the_diagnosis():
                                earliness_us=e, wait_us=e, delay_us=[0.0] * n,
                                site_spread_us=[max(e)] * 3))
     run = to_run("odd", Path("odd.jsonl"), {"world_size": 4}, recs, [])
+    assert run.steps == 120 - 18 and len(run.skipped) == 18 and run.world_size == 4
+    assert run.skipped[0] == "step 0: earliness_us holds 3 values, expected 4 (one per rank)"
     d = diagnose(run)
     assert [m.mode for m in sorted(d.modes, key=lambda m: m.mode)] == sorted(MODES)
     json.dumps(d.to_dict(), allow_nan=False)
@@ -221,6 +223,15 @@ def test_out_in_a_folder_that_cannot_be_written_is_refused_before_reading(tmp_pa
     err = capsys.readouterr().err
     assert rc == 2 and "--out must be a folder that can be created and written" in err
     assert f"({a_file} is not a writable directory)" in err
+
+
+def test_an_empty_out_is_refused_not_the_current_folder(tmp_path, capsys, monkeypatch):
+    """'--out $DIR' with DIR unset: Path('') is '.', and the report went into the current
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    rc = main(["report", str(tmp_path / "none.jsonl"), "--out", ""])
+    assert rc == 2 and "--out must be a folder path, got an empty string" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_report_into_an_earlier_reports_folder_leaves_none_of_it(sim_dir, tmp_path, capsys):
@@ -337,9 +348,9 @@ def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
     runs = load_runs(paths)
     assert len(runs) == 1 and runs[0].other_files == [paths[1]]
     assert "2 rank files of one run" in runs[0].notes[0]
-    # The same file given twice is two runs (same rank), with distinct labels
-    twice = load_runs([paths[0], paths[0]])
-    assert len(twice) == 2 and twice[0].label != twice[1].label
+    # The same file given twice is read once, not compared with itself
+    (once,) = load_runs([paths[0], paths[0]])
+    assert f"{paths[0]} was given 2 times" in once.notes[0]
 
 
 def test_large_files_report_progress(sim_dir, monkeypatch):

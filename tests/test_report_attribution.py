@@ -5,12 +5,15 @@ TelemetryWriter with a Pacer's header; one test runs a real Pacer on 4 gloo rank
 What is checked: a mode without evidence gets no share (its time is unattributed), the clear
 case is attributed to locality with its rank, the lost time is a share of the measured time,
 the headline comes first, paced runs are compared with their baselines, every figure leaves
-the warm-up out, and the advice is worded for the run's backend."""
+the warm-up out, and the advice is worded for the run's backend. And what the loader does
+with a file given twice, a damaged record, and runs of one name in two directories."""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -322,3 +325,113 @@ def test_the_report_says_what_the_late_rank_costs(tmp_path):
     cost = doc["runs"][0]["summary"]["late_cost"]
     assert cost["ranks"][0]["rank"] == 3
     assert cost["lead_us_per_step"] == pytest.approx(c["lead_us_per_step"], rel=1e-3)
+
+
+# -- files given twice, damaged records, runs of one name ----------------------------------
+
+
+def _demo_dir(d: Path) -> Path:
+    """What `gpupace demo --ranks 2 --telemetry DIR` writes: two baselines, two paced runs."""
+    d.mkdir(parents=True)
+    for k in (1, 2):
+        write_run(d / f"baseline-{k}.jsonl", label=f"baseline-{k}", seed=10 + k, world=2)
+        write_run(d / f"paced-{k}.jsonl", label=f"paced-{k}", mode="pace", seed=20 + k,
+                  world=2)
+    return d
+
+
+def _compared(text: str) -> list[tuple[str, str]]:
+    """(compared, baseline) of each comparison line the report printed."""
+    return re.findall(r"^(.+) vs (.+?): throughput ", text, flags=re.M)
+
+
+def _damaged(src: Path, dst: Path, line: int, change) -> Path:
+    """A copy of `src` with `change` applied to the JSON of its line `line` (0: the header)."""
+    lines = src.read_text().splitlines()
+    doc = json.loads(lines[line])
+    change(doc)
+    lines[line] = json.dumps(doc)
+    dst.write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_a_file_given_twice_is_read_once(tmp_path, capsys, monkeypatch):
+    """`report runs/paced-1.jsonl runs` read paced-1 twice, and the copy took paced-2's
+    place against baseline-2; `report X X` compared a run with itself."""
+    monkeypatch.chdir(tmp_path)
+    d = _demo_dir(tmp_path / "runs")
+    assert main(["report", "runs/paced-1.jsonl", "runs", "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert _compared(text) == [("paced-1", "baseline-1"), ("paced-2", "baseline-2")], text
+    assert "note: runs/paced-1.jsonl was given 2 times" in text
+    runs = load_runs(["runs/paced-1.jsonl", d / "paced-1.jsonl", "runs/../runs/paced-1.jsonl"])
+    assert [r.label for r in runs] == ["paced-1"]
+    assert "runs/paced-1.jsonl was given 3 times" in runs[0].notes[0]
+    assert main(["report", "runs/paced-1.jsonl", "runs/paced-1.jsonl", "--quiet"]) == 0
+    assert _compared(capsys.readouterr().out) == []
+
+
+def test_a_record_of_another_world_size_is_skipped_not_a_rank_more(tmp_path):
+    """One record with 3 values in a 2-rank file made the report count 3 ranks and name no
+    cause ("behind the median rank"); a header saying 99 ranks did the same."""
+    clean = write_run(tmp_path / "two.jsonl", label="two", world=2, seed=2)
+
+    def third_rank(rec):
+        rec["earliness_us"].append(5e4)
+        rec["wait_us"].append(1.0)
+
+    bad = _damaged(clean, tmp_path / "three.jsonl", 41, third_rank)  # step 40
+    run = load_runs([bad])[0]
+    assert run.world_size == 2 and run.earliness.shape == (STEPS - 1, 2)
+    assert run.skipped == ["step 40: earliness_us holds 3 values, expected 2 (one per rank)"]
+    assert "1 unreadable or implausible lines skipped (first: step 40: " in run.notes[0]
+    d, want = diagnose(run), diagnose(load_runs([clean])[0])
+    assert d.modes[0].mode == want.modes[0].mode == "locality" and d.modes[0].ranks == [1]
+    assert "behind the other rank" in headline(d)
+    # Without a world_size in the header, the length most records have counts
+    no_size = _damaged(bad, tmp_path / "no-size.jsonl", 0, lambda h: h.pop("world_size"))
+    assert load_runs([no_size])[0].world_size == 2
+    # A header no record agrees with is an error naming both sizes
+    h99 = _damaged(clean, tmp_path / "h99.jsonl", 0, lambda h: h.update(world_size=99))
+    with pytest.raises(ValueError, match="world_size is 99, but no record holds 99 ranks' "
+                                         "values: they hold 2"):
+        load_runs([h99])
+
+
+def test_a_record_with_an_absurd_time_is_skipped(tmp_path):
+    """One step_time_us of 1e300 gave a numpy overflow warning, a mean step of 300 digits
+    and "inf%"; an infinite earliness is as absurd."""
+    clean = write_run(tmp_path / "two.jsonl", label="two", world=2, seed=2)
+    huge = _damaged(clean, tmp_path / "huge.jsonl", 41, lambda r: r.update(step_time_us=1e300))
+    bad = _damaged(huge, tmp_path / "bad.jsonl", 51,
+                   lambda r: r["earliness_us"].__setitem__(0, float("inf")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way
+        run = load_runs([bad])[0]
+        d, want = diagnose(run), diagnose(load_runs([clean])[0])
+    assert run.steps == STEPS - 2 and 40 not in run.step and 50 not in run.step
+    assert run.skipped == ["step 40: step_time_us is 1e+300, expected a time of |t| < 1e+09 us",
+                           "step 50: earliness_us holds inf, expected times of |t| < 1e+09 us"]
+    assert "2 unreadable or implausible lines skipped" in run.notes[0]
+    assert d.summary["lost_fraction"] == pytest.approx(want.summary["lost_fraction"], abs=0.02)
+    assert run.step_time[1:].max() < 1e6  # the warm-up's, 0.3-0.4 s
+
+
+def test_runs_of_one_name_in_two_directories_are_told_apart_by_the_directory(tmp_path,
+                                                                           capsys):
+    """`report runs runs2` labelled the second set "baseline-1 (baseline-1)": the file's
+    name, which both sets share."""
+    _demo_dir(tmp_path / "a" / "runs")
+    _demo_dir(tmp_path / "runs2")
+    _demo_dir(tmp_path / "b" / "runs")
+    runs = load_runs([tmp_path / "a" / "runs", tmp_path / "runs2", tmp_path / "b" / "runs"])
+    names = ["baseline-1", "baseline-2", "paced-1", "paced-2"]
+    assert [r.label for r in runs] == [*names, *(f"{n} (runs2)" for n in names),
+                                       *(f"{n} (b/runs)" for n in names)]
+    # A header label shared by files of other names: the file's name tells them apart
+    one = write_run(tmp_path / "one.jsonl", label="job")
+    other = write_run(tmp_path / "other.jsonl", label="job")
+    assert [r.label for r in load_runs([one, other])] == ["job", "job (other)"]
+    assert main(["report", str(tmp_path / "a" / "runs"), str(tmp_path / "runs2"),
+                 "--quiet"]) == 0
+    assert ("paced-2 (runs2)", "baseline-2 (runs2)") in _compared(capsys.readouterr().out)
