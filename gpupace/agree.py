@@ -26,10 +26,18 @@ SHARED = ("mode", "max_sites", "threshold_us", "release_us", "on_steps", "off_st
 BACKEND_CODES = ("host", "device")
 
 
-def settings_row(config: PaceConfig, backend: str) -> np.ndarray:
-    """The shared settings and the backend as float64, in `SHARED` order, backend last."""
+def settings_row(config: PaceConfig | None, backend: str | None) -> np.ndarray:
+    """The shared settings and the backend as float64, in `SHARED` order, backend last; all
+    NaN for a rank that could not make its settings (`config` None)."""
+    if config is None or backend is None:
+        return np.full(len(SHARED) + 1, np.nan)
     values = [MODES.index(config.mode)] + [getattr(config, k) for k in SHARED[1:]]
     return np.array(values + [BACKEND_CODES.index(backend)], dtype=np.float64)
+
+
+def failed_ranks(rows: np.ndarray) -> list[int]:
+    """The ranks whose gathered row says they could not make their settings."""
+    return np.flatnonzero(np.isnan(rows).all(axis=1)).tolist()
 
 
 def disagreements(rows: np.ndarray) -> list[str]:
@@ -46,17 +54,27 @@ def disagreements(rows: np.ndarray) -> list[str]:
     return out
 
 
-def check_ranks_agree(config: PaceConfig, backend: str, group: Any, pg_backend: str,
-                      world_size: int) -> None:
+def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any,
+                      pg_backend: str, world_size: int) -> None:
     """Raises ValueError on every rank, naming the settings and ranks, when the ranks of
     `group` were built with different shared settings or backends. A collective: every rank
-    builds its `Pacer`."""
+    builds its `Pacer`. A rank whose own settings failed (a bad GPUPACE_* value on its host)
+    passes `config` None and raises its own error after this; the others raise here, naming
+    it, instead of waiting for it in their first step."""
     row = torch.from_numpy(settings_row(config, backend))
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
         row = row.to(cuda_device(group))
     rows = [torch.empty_like(row) for _ in range(world_size)]
     dist.all_gather(rows, row, group=group)
-    lines = disagreements(torch.stack(rows).cpu().numpy())
+    gathered = torch.stack(rows).cpu().numpy()
+    if config is None:
+        return
+    if failed := failed_ranks(gathered):
+        raise ValueError(f"gpupace: rank(s) {', '.join(map(str, failed[:8]))}"
+                         f"{' ...' if len(failed) > 8 else ''} could not build their Pacer "
+                         "(their error says why: a GPUPACE_* variable set on some hosts "
+                         "only?), so no rank paces")
+    lines = disagreements(gathered)
     if lines:
         raise ValueError("gpupace: the ranks were given different settings, and every rank must "
                          "pace with the same ones (a GPUPACE_* variable set on some hosts "

@@ -17,6 +17,8 @@ every rank builds one, and the ranks check that they were given the same setting
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import os
 import time
 from collections.abc import Callable
@@ -54,9 +56,8 @@ class Pacer(Joinable):
                  telemetry_extra: dict[str, Any] | None = None,
                  tensorboard_dir: str | os.PathLike | None = None):
         super().__init__()  # Joinable: uneven inputs, `Join([ddp_model, pacer])`
-        self.config = config if config is not None else PaceConfig()
-        if not isinstance(self.config, PaceConfig):
-            raise TypeError(f"config must be a PaceConfig, got {type(self.config).__name__}")
+        if config is not None and not isinstance(config, PaceConfig):
+            raise TypeError(f"config must be a PaceConfig, got {type(config).__name__}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.group = group
@@ -69,14 +70,35 @@ class Pacer(Joinable):
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
         self._alone = pg_backend == "none"  # built with no process group: one rank
-        self.backend = self._pick_backend(backend, pg_backend)
+        # What can fail on some ranks only (this host's GPUPACE_* variables and packages)
+        # fails after the ranks have compared settings, on every rank: raised before it, it
+        # left the others waiting in that all_gather until the process group's timeout.
+        failure: Exception | None = None
+        try:
+            if not (isinstance(samples_per_step, numbers.Real) and not isinstance(
+                    samples_per_step, bool) and math.isfinite(samples_per_step)
+                    and samples_per_step > 0):
+                raise ValueError(f"samples_per_step must be a finite number > 0 (the samples "
+                                 f"of one step, over all ranks), got {samples_per_step!r}")
+            self.config = config if config is not None else PaceConfig()
+            self.backend = self._pick_backend(backend, pg_backend)
+            if tensorboard_dir is not None and self.enabled and self.rank == 0:
+                from .report.tensorboard import summary_writer
+
+                summary_writer()  # ImportError naming the package
+        except (ValueError, RuntimeError, ImportError) as e:
+            failure = e
+        if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
+            ok = failure is None
+            check_ranks_agree(self.config if ok else None, self.backend if ok else None,
+                              group, pg_backend, self.world_size)
+        if failure is not None:
+            raise failure
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
             why = device_backend_missing()
             hint = f"the device backend cannot run here: {why}" if why else "use backend='device'"
             warn("gpupace: the host backend on an NCCL group stamps when collectives are "
                  f"enqueued, not when they run on the GPU, so its spreads say little; {hint}")
-        if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
-            check_ranks_agree(self.config, self.backend, group, pg_backend, self.world_size)
         self.samples_per_step = samples_per_step
         self.steps = 0
         self._t0 = time.perf_counter()
@@ -92,6 +114,7 @@ class Pacer(Joinable):
         self._sites_this_step = 0  # paced collectives since the last step()
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
+        self._hooked = False  # DDP's comm hook paces through this pacer (see _PacerJoinHook)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
@@ -255,7 +278,12 @@ class Pacer(Joinable):
         join hook (its zero-gradient all-reduces go through the pacing hook as sites) and then
         this one, `step()` after a pass that synced, so that the others' step all_gather has
         its row. Without it they waited in that all_gather until the process group's
-        timeout."""
+        timeout. `divide_by_initial_world_size=False` is refused: the pacing hook divides by
+        the world size, as DDP does by default, and joined ranks would count."""
+        if not kwargs.get("divide_by_initial_world_size", True):
+            raise ValueError("Join(..., divide_by_initial_world_size=False) is not supported "
+                             "with gpupace: its DDP hook averages over the whole world size, "
+                             "as DDP does by default; leave the option at True")
         return _PacerJoinHook(self)
 
     @property
@@ -343,6 +371,7 @@ class Pacer(Joinable):
                     f"the wrong ranks")
         if not self.enabled:
             return
+        self._hooked = True
         try:
             ddp_model.register_comm_hook(self, ddp_comm_hook)
         except RuntimeError as e:
@@ -435,10 +464,12 @@ class _PacerJoinHook(JoinHook):
     def main_hook(self) -> None:
         # Once per forward pass of the other ranks, who step once per optimizer step: with
         # gradient accumulation (no_sync), DDP's join hook shadows only the passes that sync,
-        # through the pacing hook; the step follows those alone. A pacer that never paced a
-        # collective (not attached: a model with its own comm hook) steps every pass.
+        # through the pacing hook; the step follows those alone. A pacer that paces no DDP
+        # model (a model with its own comm hook) steps every pass. One attached with
+        # `ddp.register_comm_hook` rather than `attach()` is known as such once its hook has
+        # run: on a rank that had no input at all, with accumulation, use `attach()`.
         pacer = self.pacer
-        if pacer._sites_this_step or not pacer._sites_most:
+        if pacer._sites_this_step or not pacer._hooked:
             pacer.step()
 
 

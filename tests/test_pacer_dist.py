@@ -3,6 +3,7 @@ applied, the clock-free estimator against true arrival times on the shared CLOCK
 
 import contextlib
 import os
+import re
 import time
 import warnings
 
@@ -185,9 +186,10 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
-def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True):
-    """Rank 0 has 6 batches, rank 1 4: the joined rank shadows the other's collectives. With
-    `accumulate` > 1, that many micro-batches a step, all but the last under no_sync."""
+def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4):
+    """Rank 0 has 6 batches, rank 1 `rank1_batches`: the joined rank shadows the other's
+    collectives. With `accumulate` > 1, that many micro-batches a step, all but the last under
+    no_sync."""
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -202,7 +204,7 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True):
     joinables = [ddp] if pacer is None else [pacer, ddp] if pacer_first else [ddp, pacer]
     try:
         with Join(joinables):
-            for _ in range(6 if rank == 0 else 4):
+            for _ in range(6 if rank == 0 else rank1_batches):
                 opt.zero_grad()
                 for micro in range(accumulate):
                     sync = contextlib.nullcontext() if micro == accumulate - 1 else ddp.no_sync()
@@ -217,15 +219,18 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("accumulate", [1, 2])
-def test_uneven_inputs_under_join_train_like_plain_ddp(accumulate):
+@pytest.mark.parametrize("accumulate, rank1_batches", [(1, 4), (2, 4), (3, 0)])
+def test_uneven_inputs_under_join_train_like_plain_ddp(accumulate, rank1_batches):
     """DDP's uneven inputs: with the pacer in Join after the model, a rank out of batches
     shadows the pacer's step as well, and training matches DDP under Join bit for bit (the
     pacer outside Join left the other rank in its step's all_gather until the timeout), with
-    gradient accumulation too (the joined rank steps after the passes that sync only).
-    Before the model, refused on every rank."""
-    plain = run_ranks(_uneven, 2, None, False, accumulate, collective_timeout_s=30)
-    paced = run_ranks(_uneven, 2, "pace", False, accumulate, collective_timeout_s=30)
+    gradient accumulation too (the joined rank steps after the passes that sync only; one with
+    no batch at all stepped after every pass, its pacer having paced nothing yet, and the
+    ranks' collectives stopped matching). Before the model, refused on every rank."""
+    plain = run_ranks(_uneven, 2, None, False, accumulate, rank1_batches=rank1_batches,
+                      collective_timeout_s=30)
+    paced = run_ranks(_uneven, 2, "pace", False, accumulate, rank1_batches=rank1_batches,
+                      collective_timeout_s=30)
     for (p_plain, _), (p_paced, steps) in zip(plain, paced, strict=True):
         assert steps == 6  # the joined rank's two shadowed steps count
         for a, b in zip(p_plain, p_paced, strict=True):
@@ -320,6 +325,55 @@ def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named
     errors = run_ranks(_built_with, 3, changes, timeout_s=100)  # inside pytest's 120 s
     assert all(e is not None and named in e for e in errors), errors
     assert all("GPUPACE_" in e for e in errors)
+
+
+def _failing_on_one_rank(rank, world, what, tb_dir):
+    # What fails on one host only: a bad GPUPACE_* value on rank 1's, no tensorboard on
+    # rank 0's (only rank 0 logs to TensorBoard).
+    import sys
+
+    if what == "env" and rank == 1:
+        os.environ["GPUPACE_GAIN"] = "0,5"
+    if what == "tensorboard" and rank == 0:
+        sys.modules["torch.utils.tensorboard"] = None  # import fails: as if not installed
+    try:
+        Pacer(tensorboard_dir=tb_dir if what == "tensorboard" else None)
+    except (ValueError, ImportError) as e:
+        return type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.parametrize("what, bad_rank, error", [
+    ("env", 1, ("ValueError", "GPUPACE_GAIN must be a number")),
+    ("tensorboard", 0, ("ImportError", "pip install tensorboard")),
+])
+def test_a_pacer_that_fails_on_one_rank_fails_on_every_rank(what, bad_rank, error, tmp_path):
+    """The failing rank raised before the ranks compared settings, and the others waited for
+    it in that all_gather until the process group's timeout."""
+    results = run_ranks(_failing_on_one_rank, 2, what, str(tmp_path / "tb"), timeout_s=100,
+                        collective_timeout_s=30)
+    kind, message = results[bad_rank]
+    assert kind == error[0] and error[1] in message
+    kind, message = results[1 - bad_rank]
+    assert kind == "ValueError" and f"rank(s) {bad_rank} could not build their Pacer" in message
+
+
+@pytest.mark.parametrize("bad", [None, "64", -16, 0, float("nan"), True])
+def test_samples_per_step_must_be_a_positive_number(bad):
+    # None and "64" failed in summary() at the end of the run; -16 gave a negative throughput
+    with pytest.raises(ValueError, match=f"samples_per_step must be a finite number > 0 .*"
+                                         f"got {re.escape(repr(bad))}"):
+        Pacer(samples_per_step=bad)
+
+
+def test_join_refuses_to_divide_by_the_ranks_left():
+    # gpupace's DDP hook divides by the world size; DDP's join hook would divide by fewer
+    from torch.distributed.algorithms.join import Join
+
+    pacer = Pacer(PaceConfig(mode="observe"))
+    with pytest.raises(ValueError, match=r"size=False\) is not supported"):
+        Join([pacer], divide_by_initial_world_size=False)
+    assert pacer.join_hook(divide_by_initial_world_size=True) is not None  # DDP's default
 
 
 def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():

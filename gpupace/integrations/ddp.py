@@ -27,6 +27,7 @@ from ..pacer import Pacer
 
 def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     pacer.check_group()  # the division below needs the group's world size
+    pacer._hooked = True  # for its join hook: the rank's steps follow the passes that sync
     tensor = bucket.buffer()
     tensor.mul_(1.0 / pacer.world_size)
     with pacer.collective(f"bucket{bucket.index()}", async_op=True) as issued:

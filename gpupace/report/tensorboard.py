@@ -25,7 +25,8 @@ from ..telemetry import StepRecord
 INSTALL_HINT = "pip install tensorboard"
 
 
-def _summary_writer():
+def summary_writer():
+    """torch's SummaryWriter class; ImportError naming the package when tensorboard is absent."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:  # torch raises ImportError when tensorboard is absent
@@ -40,7 +41,7 @@ class TensorBoardLogger:
     def __init__(self, log_dir: str | os.PathLike, prefix: str = "gpupace",
                  flush_secs: int = 30):
         self.prefix = prefix
-        self._writer = _summary_writer()(log_dir=str(log_dir), flush_secs=flush_secs)
+        self._writer = summary_writer()(log_dir=str(log_dir), flush_secs=flush_secs)
 
     def log(self, record: StepRecord) -> None:
         """Logs one step; NaN figures (the first step's time, an unknown transfer) are left
