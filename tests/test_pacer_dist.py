@@ -297,7 +297,10 @@ def test_a_paced_block_that_raises_is_still_left_and_its_error_goes_through():
     assert np.isfinite(eng.wait_us[1])
     with pytest.raises(TypeError), pacer.collective("no handle", async_op=True) as issued:
         issued()  # an async exit needs the work handle, to be stamped after the collective
-    assert pacer.step().wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async", "no handle"]
+    with pytest.warns(RuntimeWarning, match="1 of the 3 paced collectives of step 0 had not "
+                                            r"completed \(or their block failed\)"):
+        record = pacer.step()  # the third never exited
+    assert record.wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async", "no handle"]
     off = Pacer(PaceConfig(mode="off"))
     with off.collective("x", async_op=True) as issued:
         issued(object())  # with pacing off, nothing is stamped or waited on
@@ -325,6 +328,28 @@ def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named
     errors = run_ranks(_built_with, 3, changes, timeout_s=100)  # inside pytest's 120 s
     assert all(e is not None and named in e for e in errors), errors
     assert all("GPUPACE_" in e for e in errors)
+
+
+def _waited_after_step(rank, world):
+    # Rank 1 joins the all_reduce 0.3 s late: rank 0's step() comes before it completes
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            if rank == 1:
+                time.sleep(0.3)
+            work = pacer.all_reduce(torch.ones(4), async_op=True)
+            pacer.step()
+            work.wait()
+    return [str(w.message) for w in caught]
+
+
+def test_an_async_collective_waited_after_step_is_named():
+    """It went unmeasured, and so unpaced, without a word."""
+    warned, _ = run_ranks(_waited_after_step, 2, timeout_s=100, collective_timeout_s=30)
+    assert len(warned) == 1, warned  # once
+    assert ("1 of the 1 paced collectives of step 0 had not completed (or their block failed) "
+            "when pacer.step() ran" in warned[0]) and "work.wait()" in warned[0]
 
 
 def _failing_on_one_rank(rank, world, what, tb_dir):

@@ -81,6 +81,7 @@ class HostEngine:
         self._new_step()
         self._prev_exit0: int | None = None
         self._warned_disagree = False
+        self._warned_unfinished = False
         self._set_width(self.max_sites)
         self._width_set = False  # until a step with sites: then the sites it had
         # The fused policy kernel for every size and the record's: compiled or loaded now, not
@@ -155,6 +156,15 @@ class HostEngine:
         if self._exit0 is not None:
             self._prev_exit0 = self._exit0
         n_local = min(self.n_sites, self.max_sites)
+        unfinished = int(np.isnan(self.wait_us[:n_local]).sum())
+        if unfinished and not self._warned_unfinished:
+            # Its exit, stamped when its work completes, will be ignored (another step's):
+            # the step's row says "unknown", and the site is not paced.
+            warn(f"gpupace: {unfinished} of the {n_local} paced collectives of step {step} "
+                 "had not completed (or their block failed) when pacer.step() ran, so their "
+                 "waits are unknown and they are not paced: wait on async collectives "
+                 "(work.wait()) before pacer.step()")
+            self._warned_unfinished = True
         width = self._width
         row = np.concatenate([[n_local, step_us], self.wait_us[:width], self.delay_us[:width]])
         rows = self._exchange(row)
