@@ -381,6 +381,17 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (`copy.deepcopy`, `pickle`, `torch.save` of a DDP model whose comm hook this
+        pacer is) is inert: it keeps the settings, with mode "off", and the records, not the
+        process group, the engine or the telemetry file, which belong to this process; its
+        hook, if ever run, reduces as plain DDP does. (DDP does not re-register a hook on the
+        model it unpickles.)"""
+        state = dict(self.__dict__)
+        state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
+                     _engine=None, _writer=None, _tb=None, _closed=True)
+        return state
+
     def close(self) -> None:
         """Collects what the device still holds, flushes and closes the telemetry file. Safe to
         call twice."""

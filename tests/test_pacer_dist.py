@@ -352,6 +352,36 @@ def test_an_async_collective_waited_after_step_is_named():
             "when pacer.step() ran" in warned[0]) and "work.wait()" in warned[0]
 
 
+def _copied_model(rank, world, path):
+    import copy
+    import io
+    import pickle
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(8, 4))
+    pacer = Pacer(PaceConfig(mode="pace", telemetry_path=path))
+    pacer.attach(ddp)
+    ddp(torch.randn(2, 8)).sum().backward()
+    pacer.step()
+    twin = copy.deepcopy(ddp)  # failed: the telemetry file cannot be pickled
+    pickle.loads(pickle.dumps(ddp))
+    torch.save(ddp, io.BytesIO())
+    (hook, copied), = twin._comm_hooks
+    twin(torch.randn(2, 8)).sum().backward()  # the copy's reducer: DDP's own, no pacing
+    ddp(torch.randn(2, 8)).sum().backward()
+    pacer.step()  # the original goes on pacing and writing
+    pacer.close()
+    return copied.config.mode, copied._engine, copied.group, pacer.steps
+
+
+def test_a_paced_ddp_model_can_be_copied_and_its_copy_paces_nothing(tmp_path):
+    path = tmp_path / "t.jsonl"
+    ((mode, engine, group, steps),) = run_ranks(_copied_model, 1, str(path), timeout_s=100)
+    assert (mode, engine, group, steps) == ("off", None, None, 2)
+    assert len(read_telemetry(path).records) == 2
+
+
 def _failing_on_one_rank(rank, world, what, tb_dir):
     # What fails on one host only: a bad GPUPACE_* value on rank 1's, no tensorboard on
     # rank 0's (only rank 0 logs to TensorBoard).
