@@ -20,6 +20,7 @@ import queue
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -233,6 +234,10 @@ def keep_aside(path: Path) -> Path | None:
     return kept
 
 
+# The files this process's open writers write (a writer dropped unclosed leaves it).
+_writing: weakref.WeakValueDictionary[Path, TelemetryWriter] = weakref.WeakValueDictionary()
+
+
 class TelemetryWriter:
     """Appends records to a JSON-lines file; flushes (and fsyncs) every `interval` records.
 
@@ -245,6 +250,9 @@ class TelemetryWriter:
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
                  background: bool = False, keep_previous: bool = False):
         self.path = Path(path)
+        if _writing.get(self.path.resolve()) is not None:  # kept aside, it would go on being written as .1
+            raise FileExistsError(f"{self.path} is being written by another telemetry writer "
+                                  "of this process (two Pacers given one telemetry_path?)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.interval = interval
         # A restarted job given the same path keeps the run before (a Pacer's file), renamed
@@ -252,6 +260,8 @@ class TelemetryWriter:
         self.kept: Path | None = keep_aside(self.path) if keep_previous else None
         self._pending = 0
         self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
+        self._resolved = self.path.resolve()
+        _writing[self._resolved] = self
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).
         self._file.write(json.dumps(_finite(header), default=str) + "\n")
@@ -345,6 +355,7 @@ class TelemetryWriter:
                 self._flush()
                 self._file.close()
                 self._file = None
+                _writing.pop(self._resolved, None)
         if self.dropped > self._dropped_told:  # dropped after the last record written
             warn(f"gpupace: the telemetry writer dropped the last "
                  f"{self.dropped - self._dropped_told} records of {self.path}, falling "

@@ -397,3 +397,27 @@ def test_a_header_value_json_cannot_encode_is_written_as_text(tmp_path):
     TelemetryWriter(tmp_path / "t.jsonl", header).close()
     written = read_header(tmp_path / "t.jsonl")
     assert written["out_dir"] == str(tmp_path) and written["batch"] == "256"
+
+
+def test_a_file_another_writer_of_this_process_writes_is_refused(tmp_path):
+    """Two Pacers given one telemetry_path: the second renamed the first's live file to .1,
+    which the first went on writing."""
+    from gpupace import Pacer, PaceConfig
+
+    path = tmp_path / "t.jsonl"
+    first = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
+    with pytest.warns(RuntimeWarning, match="being written by another telemetry writer of this "
+                                            r"process \(two Pacers given one telemetry_path\?\)"):
+        second = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
+    assert second._writer is None and first._writer is not None  # the second goes on without
+    for _ in range(3):
+        with first.site("x"):
+            pass
+        first.step()
+    first.close()
+    second.close()
+    assert len(read_telemetry(path).records) == 3 and not (tmp_path / "t.jsonl.1").exists()
+    with pytest.warns(RuntimeWarning, match="already held a run: kept it as"):  # free again
+        third = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
+    assert third._writer is not None and third._writer.kept == tmp_path / "t.jsonl.1"
+    third.close()
