@@ -402,7 +402,7 @@ def test_a_header_value_json_cannot_encode_is_written_as_text(tmp_path):
 def test_a_file_another_writer_of_this_process_writes_is_refused(tmp_path):
     """Two Pacers given one telemetry_path: the second renamed the first's live file to .1,
     which the first went on writing."""
-    from gpupace import Pacer, PaceConfig
+    from gpupace import PaceConfig, Pacer
 
     path = tmp_path / "t.jsonl"
     first = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
