@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import multiprocessing.util
 import os
 import platform
 import queue
@@ -244,7 +245,8 @@ class TelemetryWriter:
     `background=True` moves the encoding and the file writes to a thread: `write` only queues
     the record, so the training thread does not pay for them (at 4096 ranks a record takes
     ~6 ms to encode, which would make the writing rank a straggler every step). The thread
-    keeps the order; `close()` (also run at interpreter exit) writes everything still queued.
+    keeps the order; `close()` (also run at interpreter exit, and at the end of a multiprocessing
+    child, forked ones included) writes everything still queued.
     A failure in the thread is raised by the next `write`, `flush` or `close`."""
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
@@ -280,6 +282,9 @@ class TelemetryWriter:
                                             daemon=True)
             self._thread.start()
             atexit.register(self.close)
+            # A forked or fork-server child ends with os._exit, which runs no atexit handler,
+            # after multiprocessing's own finalizers: the queued records are written there.
+            self._finalizer = multiprocessing.util.Finalize(None, self.close, exitpriority=0)
 
     def write(self, record: StepRecord) -> None:
         if self._file is None:
@@ -350,6 +355,7 @@ class TelemetryWriter:
             self._thread.join()
             self._thread = None
             atexit.unregister(self.close)
+            self._finalizer.cancel()
         if self._file is not None:
             with self._lock:
                 self._flush()

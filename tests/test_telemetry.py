@@ -421,3 +421,24 @@ def test_a_file_another_writer_of_this_process_writes_is_refused(tmp_path):
         third = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
     assert third._writer is not None and third._writer.kept == tmp_path / "t.jsonl.1"
     third.close()
+
+
+def _unclosed(rank, world, path):
+    from gpupace import PaceConfig, Pacer
+
+    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=path))
+    for _ in range(40):
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    return pacer.steps  # no close(): the rank's process ends with records still queued
+
+
+def test_a_rank_that_never_closes_its_pacer_still_writes_every_record(tmp_path):
+    """Forked and fork-server children end with os._exit, which runs no atexit handler: the
+    records still queued were lost (24 of 30 in one run)."""
+    from gpupace.launch import run_ranks
+
+    path = tmp_path / "t.jsonl"
+    assert run_ranks(_unclosed, 1, str(path), timeout_s=100) == [40]
+    assert [r.step for r in read_telemetry(path).records] == list(range(40))
