@@ -292,7 +292,7 @@ def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
     assert "report.html" in cap.out and "findings.json" in cap.out
     doc = json.loads((out / "findings.json").read_text())
     # One entry per run; nothing at the top level stands for one run alone
-    assert set(doc) >= {"runs", "comparisons", "lost_time_definition"}
+    assert set(doc) >= {"runs", "comparisons", "lost_time_definition", "units"}
     assert not {"summary", "modes"} & set(doc)
     assert [r["summary"]["label"] for r in doc["runs"]] == ["baseline", "paced"]
     assert [r["label"] for r in doc["runs"]] == ["baseline", "paced"]

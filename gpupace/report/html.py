@@ -83,6 +83,11 @@ def _records_view(run: Run) -> list[Any]:
             for k in np.flatnonzero(measured(run))]
 
 
+FINDINGS_UNITS = ("times in us; throughput in each summary's throughput_unit; shares and "
+                  "fractions from 0 to 1; a summary's steps: every step read, measured_steps: "
+                  "those its figures rest on (the warm-up left out)")
+
+
 def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
     """findings.json: one entry per run in `runs` (its label, headline, summary and modes, in
     the order given), the paced-vs-baseline `comparisons`, and `scaling` across world sizes
@@ -92,7 +97,7 @@ def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
         sums.append(run_summary(run, d))
         per_run.append({"label": run.label, "headline": headline(d), "summary": sums[-1],
                         "modes": d.to_dict()["modes"]})
-    out: dict[str, Any] = {"lost_time_definition": LOST_DEFINITION,
+    out: dict[str, Any] = {"units": FINDINGS_UNITS, "lost_time_definition": LOST_DEFINITION,
                            "attribution_threshold": MIN_CONFIDENCE,
                            "runs": per_run, "comparisons": comparisons(runs, sums)}
     scale = scaling(list(runs), list(diags))
