@@ -264,6 +264,26 @@ def _warn_unknown_env() -> None:
                       f"ones are {sorted(field_env())}", RuntimeWarning, stacklevel=4)
 
 
+def env_errors() -> list[str]:
+    """Every GPUPACE_* setting of this process's environment that `PaceConfig()` would refuse,
+    not only the first it meets: each value that does not parse, then what the checks say of
+    the others (those that do not parse taken at their defaults)."""
+    errors, unreadable = [], {}
+    for f in dataclasses.fields(PaceConfig):
+        raw = os.environ.get(ENV_PREFIX + f.name.upper())
+        if raw is not None:
+            try:
+                _parse_env(f.name, raw)
+            except ValueError as e:
+                errors.append(str(e))
+                unreadable[f.name] = DEFAULTS[f.name]
+    try:
+        PaceConfig(**unreadable)
+    except ValueError as e:
+        errors.append(str(e))
+    return errors
+
+
 def field_env() -> set[str]:
     """The environment variables that set PaceConfig's fields."""
     return {ENV_PREFIX + f.name.upper() for f in dataclasses.fields(PaceConfig)}

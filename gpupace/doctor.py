@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .config import PaceConfig, unknown_env
+from .config import env_errors, unknown_env
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,9 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
     info["settings_errors"] = errors = []
     info["direct_launch"] = _setting(direct_wanted, True, errors)
     info["tail_graph"] = _setting(tail_graph_wanted, False, errors)
-    _setting(PaceConfig, None, errors)
+    with warnings.catch_warnings():  # an unknown name's warning: among the errors below
+        warnings.simplefilter("ignore")
+        errors += env_errors()
     if unknown := unknown_env(os.environ):
         errors.append(f"unknown environment variables {unknown}: a Pacer ignores them")
     info["warnings"] = warnings_for(os.environ)
@@ -93,12 +95,9 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
 
 
 def _setting(read: Callable[[], Any], default: Any, errors: list[str]) -> Any:
-    """`read()`, or `default` with its ValueError's message added to `errors`. (Its warnings
-    are silenced: an unknown variable's is among the doctor's errors.)"""
+    """`read()`, or `default` with its ValueError's message added to `errors`."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return read()
+        return read()
     except ValueError as e:
         errors.append(str(e))
         return default

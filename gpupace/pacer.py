@@ -21,9 +21,11 @@ import math
 import numbers
 import os
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Joinable, JoinHook
@@ -135,6 +137,9 @@ class Pacer(Joinable):
             except OSError as e:  # a side channel: training goes on without it
                 self._telemetry_failed(e)
             else:
+                # Dropped without close() (a notebook cell run again), the pacer closes its
+                # file when collected, which frees the path for the next one.
+                weakref.finalize(self, _close_quietly, self._writer)
                 if self._writer.kept is not None:
                     warn(f"gpupace: telemetry file {self._writer.path} already held a run: "
                          f"kept it as {self._writer.kept}")
@@ -343,8 +348,9 @@ class Pacer(Joinable):
 
     @property
     def next_delays_us(self):
-        """This rank's delays for the next step, one per site (a copy)."""
-        return self._engine.next_delays()
+        """This rank's delays for the next step, one per site (a copy); none for a copied
+        pacer, which paces nothing."""
+        return self._engine.next_delays() if self._engine is not None else np.zeros(0)
 
     def attach(self, ddp_model) -> None:
         """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`. The hook
@@ -371,7 +377,6 @@ class Pacer(Joinable):
                     f"the wrong ranks")
         if not self.enabled:
             return
-        self._hooked = True
         try:
             ddp_model.register_comm_hook(self, ddp_comm_hook)
         except RuntimeError as e:
@@ -380,13 +385,14 @@ class Pacer(Joinable):
             raise RuntimeError("this DDP model already has a comm hook (an earlier attach(), "
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
+        self._hooked = True
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (`copy.deepcopy`, `pickle`, `torch.save` of a DDP model whose comm hook this
         pacer is) is inert: it keeps the settings, with mode "off", and the records, not the
-        process group, the engine or the telemetry file, which belong to this process; its
-        hook, if ever run, reduces as plain DDP does. (DDP does not re-register a hook on the
-        model it unpickles.)"""
+        process group, the engine or the telemetry file, which belong to this process. (DDP
+        does not re-register a hook on the model it unpickles: the copy's reducer is DDP's
+        own.)"""
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
                      _engine=None, _writer=None, _tb=None, _closed=True)
@@ -464,6 +470,11 @@ class _Unpaced:
 
 
 _UNPACED = _Unpaced()
+
+
+def _close_quietly(writer: TelemetryWriter) -> None:
+    with contextlib.suppress(OSError, RuntimeError):  # its failure was warned about, or is moot
+        writer.close()
 
 
 class _PacerJoinHook(JoinHook):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import gc
 import json
 import multiprocessing.util
 import os
@@ -235,8 +236,18 @@ def keep_aside(path: Path) -> Path | None:
     return kept
 
 
-# The files this process's open writers write (a writer dropped unclosed leaves it).
+# The files this process's open writers write. A background writer stays open until closed
+# (its thread, atexit and multiprocessing hold it); a plain one dropped unclosed leaves.
 _writing: weakref.WeakValueDictionary[Path, TelemetryWriter] = weakref.WeakValueDictionary()
+
+
+def _held(path: Path) -> bool:
+    """Whether an open writer of this process writes `path`. A Pacer dropped unclosed closes its
+    writer when it is collected (`Pacer.__init__`): once, the collector runs to find out."""
+    if _writing.get(path) is None:
+        return False
+    gc.collect()
+    return _writing.get(path) is not None
 
 
 class TelemetryWriter:
@@ -252,7 +263,7 @@ class TelemetryWriter:
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
                  background: bool = False, keep_previous: bool = False):
         self.path = Path(path)
-        if _writing.get(self.path.resolve()) is not None:  # kept aside, it would go on being written as .1
+        if _held(self.path.resolve()):  # kept aside, it would go on being written as .1
             raise FileExistsError(f"{self.path} is being written by another telemetry writer "
                                   "of this process (two Pacers given one telemetry_path?)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -358,10 +369,12 @@ class TelemetryWriter:
             self._finalizer.cancel()
         if self._file is not None:
             with self._lock:
-                self._flush()
-                self._file.close()
-                self._file = None
-                _writing.pop(self._resolved, None)
+                try:
+                    self._flush()
+                finally:  # a failed flush (disk full) still frees the file and its path
+                    self._file.close()
+                    self._file = None
+                    _writing.pop(self._resolved, None)
         if self.dropped > self._dropped_told:  # dropped after the last record written
             warn(f"gpupace: the telemetry writer dropped the last "
                  f"{self.dropped - self._dropped_told} records of {self.path}, falling "

@@ -163,6 +163,10 @@ def _ddp_on_a_subgroup(rank, world):
         twice = None
     except RuntimeError as e:
         twice = str(e)
+    other = Pacer(PaceConfig(mode="observe"), group=dp)
+    with contextlib.suppress(RuntimeError):
+        other.attach(ddp)
+    assert not other._hooked  # refused: under Join it steps as a pacer of no model
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))
     ddp(x).sum().backward()
     pacer.step()
@@ -372,6 +376,7 @@ def _copied_model(rank, world, path):
     ddp(torch.randn(2, 8)).sum().backward()
     pacer.step()  # the original goes on pacing and writing
     pacer.close()
+    assert copied.next_delays_us.size == 0 and copied.step() is None  # paces nothing
     return copied.config.mode, copied._engine, copied.group, pacer.steps
 
 

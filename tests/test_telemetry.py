@@ -420,7 +420,11 @@ def test_a_file_another_writer_of_this_process_writes_is_refused(tmp_path):
     with pytest.warns(RuntimeWarning, match="already held a run: kept it as"):  # free again
         third = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
     assert third._writer is not None and third._writer.kept == tmp_path / "t.jsonl.1"
-    third.close()
+    del third  # dropped unclosed (a notebook cell run again): its file is closed, the path free
+    with pytest.warns(RuntimeWarning, match="already held a run: kept it as"):
+        fourth = Pacer(PaceConfig(mode="observe", telemetry_path=str(path)))
+    assert fourth._writer is not None and fourth._writer.kept == tmp_path / "t.jsonl.2"
+    fourth.close()
 
 
 def _unclosed(rank, world, path):
@@ -442,3 +446,16 @@ def test_a_rank_that_never_closes_its_pacer_still_writes_every_record(tmp_path):
     path = tmp_path / "t.jsonl"
     assert run_ranks(_unclosed, 1, str(path), timeout_s=100) == [40]
     assert [r.step for r in read_telemetry(path).records] == list(range(40))
+
+
+def test_a_writer_whose_close_fails_frees_its_path(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2))
+
+    def disk_full():
+        raise OSError(28, "No space left on device")
+
+    w._flush = disk_full
+    with pytest.raises(OSError, match="No space left"):
+        w.close()
+    TelemetryWriter(path, make_header(source="test", world_size=2)).close()  # not "being written"
