@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -212,10 +213,7 @@ def _staging_dir(args: argparse.Namespace) -> str | None:
     place until this run has succeeded (a run that fails or is interrupted replaces nothing)."""
     if not args.telemetry:
         return None
-    path = Path(args.telemetry) / f".gpupace-demo-{os.getpid()}"
-    shutil.rmtree(path, ignore_errors=True)  # a dead run's, whose pid this one took
-    path.mkdir()
-    return str(path)
+    return tempfile.mkdtemp(prefix=".gpupace-demo-", dir=args.telemetry)  # a name of its own
 
 
 def _publish_telemetry(staging: str, telemetry: str) -> None:

@@ -410,11 +410,15 @@ def test_a_record_with_an_absurd_time_is_skipped(tmp_path):
         run = load_runs([bad])[0]
         d, want = diagnose(run), diagnose(load_runs([clean])[0])
     assert run.steps == STEPS - 2 and 40 not in run.step and 50 not in run.step
-    assert run.skipped == ["step 40: step_time_us is 1e+300, expected a time of |t| < 1e+09 us",
-                           "step 50: earliness_us holds inf, expected times of |t| < 1e+09 us"]
+    assert run.skipped == ["step 40: step_time_us is 1e+300, expected a time of |t| < 1e+13 us",
+                           "step 50: earliness_us holds inf, expected times of |t| < 1e+13 us"]
     assert "2 unreadable or implausible lines skipped" in run.notes[0]
     assert d.summary["lost_fraction"] == pytest.approx(want.summary["lost_fraction"], abs=0.02)
     assert run.step_time[1:].max() < 1e6  # the warm-up's, 0.3-0.4 s
+    # A step with a 20-minute evaluation in it is a real one: kept (past the policy's 1000 s)
+    long = load_runs([_damaged(clean, tmp_path / "long.jsonl", 61,
+                               lambda r: r.update(step_time_us=1.2e9))])[0]
+    assert long.steps == STEPS and long.step_time[long.step == 60] == pytest.approx(1.2e9)
 
 
 def test_runs_of_one_name_in_two_directories_are_told_apart_by_the_directory(tmp_path,
