@@ -371,10 +371,10 @@ class TelemetryWriter:
             with self._lock:
                 try:
                     self._flush()
-                finally:  # a failed flush (disk full) still frees the file and its path
-                    self._file.close()
-                    self._file = None
+                finally:  # a failed flush or close (disk full) still frees the file and path
+                    file, self._file = self._file, None
                     _writing.pop(self._resolved, None)
+                    file.close()
         if self.dropped > self._dropped_told:  # dropped after the last record written
             warn(f"gpupace: the telemetry writer dropped the last "
                  f"{self.dropped - self._dropped_told} records of {self.path}, falling "
