@@ -439,3 +439,28 @@ def test_runs_of_one_name_in_two_directories_are_told_apart_by_the_directory(tmp
     assert main(["report", str(tmp_path / "a" / "runs"), str(tmp_path / "runs2"),
                  "--quiet"]) == 0
     assert ("paced-2 (runs2)", "baseline-2 (runs2)") in _compared(capsys.readouterr().out)
+
+
+def test_a_comparison_says_when_its_changes_are_noise_or_its_throughputs_differ_in_unit(
+        tmp_path, capsys):
+    """A paced run that delayed nobody ran the baseline's code: its +10% was printed as a
+    change; a baseline counting steps/s against a paced run counting samples/s printed
+    "throughput +12700.0%"."""
+    base = write_run(tmp_path / "b.jsonl", label="base", seed=1)
+    steps_only = _damaged(base, tmp_path / "b-steps.jsonl", 0,
+                          lambda h: h.pop("samples_per_step"))
+    idle = _damaged(write_run(tmp_path / "i.jsonl", label="idle", seed=2),
+                    tmp_path / "idle.jsonl", 0, lambda h: h["config"].update(mode="pace"))
+    assert main(["report", str(steps_only), str(idle), "--out", str(tmp_path / "out"),
+                 "--json", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("idle vs base: "))
+    assert "throughput" not in line and "step time mean" in line
+    assert ("  (throughput not compared: steps/s against samples/s (samples_per_step is in "
+            "one run's header only))") in out
+    assert ("  (pacing delayed nobody in the paced run: both ran the same code, so the changes "
+            "are this machine's noise)") in out
+    (comp,) = json.loads((tmp_path / "out" / "findings.json").read_text())["comparisons"]
+    assert comp["changes"]["throughput"]["change"] is None and len(comp["notes"]) == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "pacing delayed nobody in the paced run" in html

@@ -83,6 +83,28 @@ def change(key: str, base: Any, other: Any) -> float | None:
     return (o - b) / 1e3
 
 
+def summary_change(key: str, base: dict[str, Any], other: dict[str, Any]) -> float | None:
+    """`change` of `key` between two runs' summaries; None for throughputs in other units
+    (steps/s against samples/s: one run's header gives samples_per_step, the other's not)."""
+    if key == "throughput" and base.get("throughput_unit") != other.get("throughput_unit"):
+        return None
+    return change(key, base.get(key), other.get(key))
+
+
+def notes(base: dict[str, Any], other: dict[str, Any], paced: bool) -> list[str]:
+    """What a reader of the changes must know: figures that could not be compared, and a
+    paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
+    out = []
+    if base.get("throughput_unit") != other.get("throughput_unit"):
+        out.append(f"throughput not compared: {base.get('throughput_unit')} against "
+                   f"{other.get('throughput_unit')} (samples_per_step is in one run's header "
+                   "only)")
+    if paced and other.get("delayed_fraction") == 0:
+        out.append("pacing delayed nobody in the paced run: both ran the same code, so the "
+                   "changes are this machine's noise")
+    return out
+
+
 def fmt_change(key: str, v: float | None) -> str:
     if v is None:
         return "-"
@@ -103,9 +125,10 @@ def comparisons(runs: Sequence[Run], sums: Sequence[dict[str, Any]]) -> list[dic
             b, o = sums[i].get(key), sums[j].get(key)
             unit = {"rel": "%", "pts": "percentage points", "ms": "ms"}[kind]
             rows[key] = {"label": label, "baseline": _num(b), "compared": _num(o),
-                         "change": change(key, b, o), "change_unit": unit}
+                         "change": summary_change(key, sums[i], sums[j]), "change_unit": unit}
         out.append({"baseline": runs[i].label, "compared": runs[j].label,
-                    "title": f"{runs[j].label} vs {runs[i].label}", "changes": rows})
+                    "title": f"{runs[j].label} vs {runs[i].label}", "changes": rows,
+                    "notes": notes(sums[i], sums[j], runs[j].mode == "pace")})
     return out
 
 
@@ -121,4 +144,5 @@ def cli_line(comp: dict[str, Any]) -> str:
             text = (f"{row['label']} {row['baseline']:.3f} -> {row['compared']:.3f} "
                     f"({fmt_change(key, row['change'])})")
         parts.append(text)
-    return f"{comp['title']}: " + (", ".join(parts) or "no figure to compare")
+    line = f"{comp['title']}: " + (", ".join(parts) or "no figure to compare")
+    return "\n".join([line, *(f"  ({note})" for note in comp["notes"])])

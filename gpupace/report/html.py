@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..summary import summarize
-from .compare import CHANGES, change, comparisons, fmt_change, pairs
+from .compare import CHANGES, comparisons, fmt_change, notes, pairs, summary_change
 from .diagnose import LOST_DEFINITION, MIN_CONFIDENCE, Diagnosis, _clean, measured, scaling
 from .load import Run
 from .text import cost_line, headline, lost_line, split_line
@@ -106,10 +106,6 @@ def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
     return _clean(out)
 
 
-def _change(key: str, base: Any, other: Any) -> str:
-    return fmt_change(key, change(key, base, other)) if key in CHANGES else ""
-
-
 def _fmt(v: Any, scale: float, fmt: str) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
@@ -154,12 +150,16 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
             unit = f" {s.get('throughput_unit', 'steps/s')}" if key == "throughput" else ""
             cells.append(f"<td>{_fmt(s.get(key), scale, fmt)}{unit}</td>")
         for i, j in comps:
-            v = _change(key, sums[i].get(key), sums[j].get(key))
-            cells.append(f"<td>{esc(v)}</td>")
+            v = summary_change(key, sums[i], sums[j]) if key in CHANGES else None
+            cells.append(f"<td>{esc(fmt_change(key, v)) if key in CHANGES else ''}</td>")
         parts.append(f"<tr><td class='l'>{esc(label)}</td>{''.join(cells)}</tr>")
     parts.append("</table><p><small>Every figure covers the measured steps: the warm-up "
                  "steps the header names are left out. Changes: relative (%) for times and "
                  "throughput, in percentage points (pts) for fractions.</small></p>")
+    for i, j in comps:
+        for note in notes(sums[i], sums[j], runs[j].mode == "pace"):
+            parts.append(f"<p><small>{esc(runs[j].label)} vs {esc(runs[i].label)}: "
+                         f"{esc(note)}</small></p>")
 
     parts.append(f"<h2>Diagnosis</h2><p>{esc(LOST_DEFINITION.capitalize())}; it is split "
                  "between the study's four failure modes. A mode below a confidence of "
