@@ -37,9 +37,10 @@ STEPS = 80  # one demo phase: 160 steps per side in two phases
 
 def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
               late_ms: float = 18.6, late_fraction: float = 0.91, world: int = 4,
-              torch_version: str = "2.13.0+cpu", steps: int = STEPS, **extra) -> Path:
+              torch_version: str = "2.13.0+cpu", steps: int = STEPS, late_ranks=None,
+              **extra) -> Path:
     """A demo-shaped run through TelemetryWriter: each rank computes 30 ms +- 2 ms, the last
-    rank `late_ms` more in `late_fraction` of the steps; the step ends when the last rank
+    rank (or `late_ranks`) `late_ms` more in `late_fraction` of the steps; the step ends when the last rank
     arrives plus an independent transfer (~0.6 ms). Warm-up steps have rank 0 last, by a
     start-up skew of hundreds of ms. A paced run (`mode="pace"`) delays the early ranks."""
     rng = np.random.default_rng(seed)
@@ -54,7 +55,7 @@ def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
         if k < WARMUP:
             comp[0] += 300e3 + 10e3 * k  # start-up skew: rank 0 last through the warm-up
         elif rng.random() < late_fraction:
-            comp[world - 1] += late_ms * 1e3
+            comp[[world - 1] if late_ranks is None else list(late_ranks)] += late_ms * 1e3
         last = comp.max()
         early = last - comp
         delay = np.zeros(world)
@@ -464,3 +465,24 @@ def test_a_comparison_says_when_its_changes_are_noise_or_its_throughputs_differ_
     assert comp["changes"]["throughput"]["change"] is None and len(comp["notes"]) == 2
     html = (tmp_path / "out" / "report.html").read_text()
     assert "pacing delayed nobody in the paced run" in html
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_a_late_node_is_named_and_its_host_advised(tmp_path, backend):
+    """Every GPU of node 1 late: the advice was each GPU's placement ("bind them to their near
+    NIC"), though the evidence held one whole node; the same local GPU late on every node is
+    placement."""
+    node = write_run(tmp_path / "node.jsonl", label="node", world=8, late_ranks=[4, 5, 6, 7],
+                     late_ms=8.0, late_fraction=1.0, seed=3, gpus_per_node=4,
+                     process_group_backend=backend)
+    d = diagnose(load_runs([node])[0])
+    loc = next(m for m in d.modes if m.mode == "locality")
+    assert loc.evidence["late_nodes"] == [1] and loc.share > 0
+    assert "ranks 4, 5, 6, 7 (4 ranks) (all of node 1) steadily late" in headline(d)
+    assert loc.action.startswith("node 1 late as a whole (ranks")
+    assert ("nvidia-smi" in loc.action) == (backend == "nccl")
+    gpu3 = write_run(tmp_path / "gpu3.jsonl", label="gpu3", world=8, late_ranks=[3, 7],
+                     late_ms=8.0, late_fraction=1.0, seed=3, gpus_per_node=4,
+                     process_group_backend=backend)
+    loc = next(m for m in diagnose(load_runs([gpu3])[0]).modes if m.mode == "locality")
+    assert "late_nodes" not in loc.evidence and "late as a whole" not in loc.action

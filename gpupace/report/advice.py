@@ -38,10 +38,24 @@ CPU_ACTIONS = {
     "the runtime (OS daemons, allocator, data loading, other processes); isolate cores, "
     "pre-allocate memory",
 }
+# Locality whose late ranks are every GPU of some nodes: the host, not a GPU's placement.
+LATE_NODE = ("{nodes} late as a whole ({ranks}: every GPU of {it}), which points at the host, "
+             "not at a GPU's placement: check {it} for a degraded NIC or link (error counters, "
+             "ibstat), thermal or power throttling (nvidia-smi -q -d PERFORMANCE) and other jobs "
+             "on {it}")
+LATE_NODE_CPU = ("{nodes} late as a whole ({ranks}: every rank of {it}), which points at the "
+                 "host: check {it} for other processes, a lower CPU frequency (throttling, power "
+                 "settings) and its network link")
 UNKNOWN_BACKEND_LOCALITY = (
     "{ranks} steadily late: check {their} placement (GPU runs: GPU-to-NIC and NUMA affinity, "
     "nvidia-smi topo -m; CPU runs: core pinning and other processes on {their} cores) and "
     "whether {their} work is uneven")
+
+
+def node_names(nodes: list[int]) -> str:
+    """'node 1', or 'nodes 0, 3' (the first 8, then '...')."""
+    shown = ", ".join(map(str, nodes[:8])) + (" ..." if len(nodes) > 8 else "")
+    return f"node {shown}" if len(nodes) == 1 else f"nodes {shown}"
 
 
 def rank_names(ranks: list[int]) -> str:
@@ -50,11 +64,16 @@ def rank_names(ranks: list[int]) -> str:
     return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
 
 
-def action(mode: str, ranks: list[int], backend: str = "") -> str:
+def action(mode: str, ranks: list[int], backend: str = "", nodes: list[int] = ()) -> str:
     """The suggested action, worded for the run's collective backend ("nccl", "gloo", "mpi",
-    "sim" or "" when the telemetry does not say)."""
+    "sim" or "" when the telemetry does not say); for locality whose late ranks are whole
+    `nodes`, the host's."""
     named = rank_names(ranks) if ranks else "the late ranks (none named)"
     their = "its" if len(ranks) == 1 else "their"
+    if mode == "locality" and nodes:
+        it = "it" if len(nodes) == 1 else "them"
+        host = LATE_NODE_CPU if backend == "gloo" else LATE_NODE
+        return host.format(nodes=node_names(nodes), it=it, ranks=named)
     if backend == "gloo" and mode in CPU_ACTIONS:
         text = CPU_ACTIONS[mode]
     elif backend in ("", "unknown") and mode == "locality":

@@ -471,6 +471,11 @@ def _diagnose(run: Run) -> Diagnosis:
         loc_ev["local_gpus"] = sorted({r % g for r in loc_ranks})
         loc_ev["nodes_with_late_gpus"] = len({r // g for r in loc_ranks})
         loc_ev["nodes"] = -(-run.world_size // g)
+        # Every GPU of a node late, and no other: the host, not a GPU's placement
+        nodes = whole_nodes(loc_ranks, g, run.world_size)
+        if nodes:
+            loc_ev["late_nodes"] = nodes
+            summary["late_group"]["nodes"] = nodes
 
     # Variability and lag-1 autocorrelation of the transfer as recorded, over pairs of
     # consecutive measured steps: the aligned series is a two-step mean, which alone gives
@@ -531,7 +536,7 @@ def _diagnose(run: Run) -> Diagnosis:
         attributed = lost[mode] if verdict != "not enough evidence" else 0.0
         if not attributed:  # the time stays unattributed: no evidence, no share
             low_confidence += lost[mode]
-        act = action(mode, ranks, run.comm_backend)
+        act = action(mode, ranks, run.comm_backend, nodes=ev.get("late_nodes", []))
         if mode == "sync_amplification" and spells and spell_lost >= 0.5 * lost[mode]:
             act = action("late_spells", list(dict.fromkeys(r for sp in by_cost
                                                            for r in sp["ranks"])),
@@ -549,6 +554,16 @@ def _diagnose(run: Run) -> Diagnosis:
                    attribution_threshold=MIN_CONFIDENCE)
     findings.sort(key=lambda f: (-f.share, -f.candidate_share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
+
+
+def whole_nodes(ranks: list[int], gpus_per_node: int, world_size: int) -> list[int]:
+    """The nodes all of whose ranks are in `ranks`, when `ranks` is just those nodes' ranks
+    (else none): a late node, not late GPUs in some nodes."""
+    late = set(ranks)
+    nodes = sorted({r // gpus_per_node for r in late})
+    members = {r for n in nodes for r in range(n * gpus_per_node,
+                                                min((n + 1) * gpus_per_node, world_size))}
+    return nodes if members == late and len(nodes) < -(-world_size // gpus_per_node) else []
 
 
 def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from .advice import node_names
 from .diagnose import MIN_CONFIDENCE, Diagnosis
 
 
@@ -27,7 +28,8 @@ def headline(d: Diagnosis) -> str:
         spells is None or lr["rank"] not in spells["ranks"])
     if group is not None:
         behind = group["behind_others_us"] / 1e3
-        who = (f"{_ranks(group['ranks'])} steadily late, typically "
+        node = (f" (all of {node_names(group['nodes'])})" if group.get("nodes") else "")
+        who = (f"{_ranks(group['ranks'])}{node} steadily late, typically "
                f"{behind:.{1 if behind >= 1 else 2}f} ms behind {others} (late in "
                f"{100 * group['late_fraction']:.0f}% of steps)")
     elif spells is not None and not steady:
