@@ -38,7 +38,7 @@ STEPS = 80  # one demo phase: 160 steps per side in two phases
 def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
               late_ms: float = 18.6, late_fraction: float = 0.91, world: int = 4,
               torch_version: str = "2.13.0+cpu", steps: int = STEPS, late_ranks=None,
-              **extra) -> Path:
+              late_from: int = 0, **extra) -> Path:
     """A demo-shaped run through TelemetryWriter: each rank computes 30 ms +- 2 ms, the last
     rank (or `late_ranks`) `late_ms` more in `late_fraction` of the steps; the step ends when the last rank
     arrives plus an independent transfer (~0.6 ms). Warm-up steps have rank 0 last, by a
@@ -54,7 +54,7 @@ def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
         comp = 30e3 + rng.normal(0.0, 2e3, world)
         if k < WARMUP:
             comp[0] += 300e3 + 10e3 * k  # start-up skew: rank 0 last through the warm-up
-        elif rng.random() < late_fraction:
+        elif rng.random() < late_fraction and k >= late_from:
             comp[[world - 1] if late_ranks is None else list(late_ranks)] += late_ms * 1e3
         last = comp.max()
         early = last - comp
@@ -486,3 +486,17 @@ def test_a_late_node_is_named_and_its_host_advised(tmp_path, backend):
                      process_group_backend=backend)
     loc = next(m for m in diagnose(load_runs([gpu3])[0]).modes if m.mode == "locality")
     assert "late_nodes" not in loc.evidence and "late as a whole" not in loc.action
+
+
+def test_a_rank_late_from_early_on_is_a_spell_not_placement(tmp_path):
+    """Rank 3 late from step 110 of 400 is late in 74% of the measured steps: "locality 91%
+    (likely)", "fix placement"; from step 160 it was a spell. Late from the start: placement."""
+    spell = write_run(tmp_path / "spell.jsonl", label="spell", steps=400, late_from=110,
+                      late_ms=10.0, late_fraction=1.0, seed=4, process_group_backend="nccl")
+    d = diagnose(load_runs([spell])[0])
+    assert "late in steps 110-399 only (a late spell" in headline(d), headline(d)
+    assert not any(m.mode == "locality" and m.share > 0 for m in d.modes)
+    steady = write_run(tmp_path / "steady.jsonl", label="steady", steps=400, late_ms=10.0,
+                       late_fraction=1.0, seed=4, process_group_backend="nccl")
+    d = diagnose(load_runs([steady])[0])
+    assert d.modes[0].mode == "locality" and d.modes[0].ranks == [3]

@@ -65,7 +65,7 @@ from .ranks import (
     offset_floor,
     rank_costs,
 )
-from .spells import late_spells
+from .spells import late_spells, spell_shaped
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
@@ -293,6 +293,9 @@ def _diagnose(run: Run) -> Diagnosis:
     floor = offset_floor(noise, loc_steps, p50)
     loc_mask = (offset > floor) & (consistency >= LOCALITY_CONSISTENCY)
     loc_ranks = [int(r) for r in np.argsort(-offset) if loc_mask[r]]
+    # A rank late in 70% of the steps from step 110 of 400 on is a late spell, not placement
+    spelled = spell_shaped(run, loc_ranks, offset)
+    loc_ranks = [r for r in loc_ranks if r not in spelled]
     loc_us = float(offset[loc_ranks[0]]) if loc_ranks else 0.0
 
     summary["late_rank"] = late_rank(run)

@@ -41,6 +41,26 @@ SPELL_SHARE = 0.85
 SAME_SPELL = 0.8  # ranks whose spells overlap by this much of the longer are late together
 
 
+def spell_shaped(run: Run, ranks: list[int], offsets: np.ndarray) -> list[int]:
+    """Of `ranks`, a whole run's steadily late ones (locality) with their `offsets` (us, by
+    rank), those late only for a stretch of it: in its first or its last SPELL_STEPS measured
+    steps late by half their offset in fewer than half of them, as a rank on time is (a rank
+    late in 70% of the steps rarely is: below 0.3% a window). Placement does not come and go:
+    the spell finder takes them. Runs of under 3 SPELL_STEPS measured steps are not judged."""
+    idx = np.flatnonzero(measured(run))
+    if idx.size < 3 * SPELL_STEPS or not ranks:
+        return []
+    out = []
+    for part in (idx[:SPELL_STEPS], idx[-SPELL_STEPS:]):
+        behind = lateness(run.earliness[part])[:, ranks]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a rank unknown in every step
+            late = np.where(np.isnan(behind), np.nan, behind >= 0.5 * offsets[ranks])
+            share = np.nanmean(late, axis=0)
+        out += [r for r, x in zip(ranks, share, strict=True) if x < 0.5]
+    return sorted(set(out), key=ranks.index)
+
+
 def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
                 ) -> tuple[list[dict[str, Any]], np.ndarray]:
     """The late spells of `run` (see the module doc), leaving out the ranks in `exclude` (a
