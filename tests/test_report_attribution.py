@@ -461,8 +461,9 @@ def test_a_comparison_says_when_its_changes_are_noise_or_its_throughputs_differ_
             "one run's header only))") in out
     assert ("  (pacing delayed nobody in the paced run: both ran the same code, so the changes "
             "are this machine's noise)") in out
+    assert f"  (the p99 of {STEPS - WARMUP} measured steps is about their slowest step" in out
     (comp,) = json.loads((tmp_path / "out" / "findings.json").read_text())["comparisons"]
-    assert comp["changes"]["throughput"]["change"] is None and len(comp["notes"]) == 2
+    assert comp["changes"]["throughput"]["change"] is None and len(comp["notes"]) == 3
     html = (tmp_path / "out" / "report.html").read_text()
     assert "pacing delayed nobody in the paced run" in html
 

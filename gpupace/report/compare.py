@@ -83,6 +83,9 @@ def change(key: str, base: Any, other: Any) -> float | None:
     return (o - b) / 1e3
 
 
+P99_STEPS = 100  # fewer measured steps: a p99 is about the slowest step
+
+
 def summary_change(key: str, base: dict[str, Any], other: dict[str, Any]) -> float | None:
     """`change` of `key` between two runs' summaries; None for throughputs in other units
     (steps/s against samples/s: one run's header gives samples_per_step, the other's not)."""
@@ -92,13 +95,19 @@ def summary_change(key: str, base: dict[str, Any], other: dict[str, Any]) -> flo
 
 
 def notes(base: dict[str, Any], other: dict[str, Any], paced: bool) -> list[str]:
-    """What a reader of the changes must know: figures that could not be compared, and a
-    paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
+    """What a reader of the changes must know: figures that could not be compared, a p99 of
+    few steps, and a paced run that delayed nobody (it ran the baseline's code: its changes
+    are noise)."""
     out = []
     if base.get("throughput_unit") != other.get("throughput_unit"):
         out.append(f"throughput not compared: {base.get('throughput_unit')} against "
                    f"{other.get('throughput_unit')} (samples_per_step is in one run's header "
                    "only)")
+    fewest = min((x for x in (base.get("measured_steps"), other.get("measured_steps"))
+                  if isinstance(x, int)), default=None)
+    if fewest is not None and fewest < P99_STEPS:
+        out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
+                   "change is one step's")
     if paced and other.get("delayed_fraction") == 0:
         out.append("pacing delayed nobody in the paced run: both ran the same code, so the "
                    "changes are this machine's noise")
