@@ -276,7 +276,10 @@ def env_errors() -> list[str]:
                 _parse_env(f.name, raw)
             except ValueError as e:
                 errors.append(str(e))
-                unreadable[f.name] = DEFAULTS[f.name]
+                # a value the checks take, so that they look at the other fields (None, the
+                # default of telemetry_every, would read the variable again)
+                default = DEFAULTS[f.name]
+                unreadable[f.name] = 1 if default is None else default
     try:
         PaceConfig(**unreadable)
     except ValueError as e:
@@ -291,7 +294,8 @@ def field_env() -> set[str]:
 
 def unknown_env(env: Mapping[str, str]) -> list[str]:
     """The GPUPACE_* names in `env` that gpupace does not read, sorted."""
-    return sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in field_env() | OTHER_ENV)
+    known = field_env() | OTHER_ENV
+    return sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known)
 
 
 def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:

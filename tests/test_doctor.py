@@ -57,18 +57,19 @@ def test_doctor_says_how_the_device_backend_launches(capsys, monkeypatch):
 
 def test_doctor_lists_every_bad_setting_and_fails(capsys, monkeypatch):
     bad = (("GPUPACE_DIRECT_LAUNCH", "maybe"), ("GPUPACE_GAIN", "abc"),
-           ("GPUPACE_MAX_SITES", "x"), ("GPUPACE_MODE", "bogus"),
-           ("GPUPACE_MAX_SITE", "8"))  # a typo of GPUPACE_MAX_SITES
+           ("GPUPACE_MAX_SITES", "x"), ("GPUPACE_TELEMETRY_EVERY", "y"),
+           ("GPUPACE_MODE", "bogus"), ("GPUPACE_MAX_SITE", "8"))  # a typo of ..._MAX_SITES
     for name, value in bad:
         monkeypatch.setenv(name, value)
     assert main(["doctor", "--json", "--no-tick"]) == 1
     errors = json.loads(capsys.readouterr().out)["settings_errors"]
-    assert len(errors) == 5, errors
+    assert len(errors) == 6, errors  # each once
     assert "GPUPACE_DIRECT_LAUNCH must be 0 or 1, got 'maybe'" in errors[0]
     assert "GPUPACE_GAIN must be a number, got 'abc'" in errors[1]
-    assert "GPUPACE_MAX_SITES must be an integer, got 'x'" in errors[2]
-    assert "mode must be one of" in errors[3] and "GPUPACE_MODE='bogus'" in errors[3]
-    assert "unknown environment variables ['GPUPACE_MAX_SITE']" in errors[4]
+    assert "GPUPACE_TELEMETRY_EVERY must be an integer, got 'y'" in errors[2]  # field order
+    assert "GPUPACE_MAX_SITES must be an integer, got 'x'" in errors[3]
+    assert "mode must be one of" in errors[4] and "GPUPACE_MODE='bogus'" in errors[4]
+    assert "unknown environment variables ['GPUPACE_MAX_SITE']" in errors[5]
     for name, _ in bad:
         monkeypatch.delenv(name)
     assert main(["doctor", "--json", "--no-tick"]) == 0
