@@ -196,8 +196,9 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     """Compute throughput (TFLOP/s, bf16 on one stream) alone, while a barrier that nobody
     else reaches spins on K CTAs of `warps` warps on another stream (an early rank's NCCL
     kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the same
-    length runs instead (a paced rank); and the coupling the simulator takes
-    (`gpupace.sim.presets.SPIN_COUPLING`), the fraction of throughput lost, 1 - with / alone.
+    length runs instead (a paced rank); and the couplings the simulator takes
+    (`gpupace.sim.scenario.H200_BMM_COUPLING`, from the `bmm` figures of five runs), the
+    fraction of throughput lost, 1 - with / alone.
     Two loads, keys prefixed by theirs: `mm`, `reps` [size x size] matmuls, whose cuBLAS
     kernels on Hopper may be persistent (one CTA per SM, each looping over tiles): a spinner
     that keeps one CTA off its SM makes the matmul end with the spin, so that figure says how

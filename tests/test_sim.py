@@ -58,7 +58,9 @@ def test_coupled_presets_oracle_bounds_gpupace_and_gains(name):
     res = {p: simulate(sc, p, steps=800, seed=1) for p in ("none", "gpupace", "oracle")}
     thr = {p: r.summary()["throughput"] for p, r in res.items()}
     assert thr["oracle"] >= thr["gpupace"] >= thr["none"], thr
-    assert thr["oracle"] > thr["none"] * 1.001, thr  # the coupling is there to be removed
+    # the coupling is there to be removed, but the one measured on an H200 is weak: the
+    # oracle gained 0.015-0.041% here (it had 0.1% and more with the coupling assumed before)
+    assert thr["oracle"] > thr["none"] * 1.0001, thr
 
 
 def phased_stragglers(noise_sigma: float = 0.0) -> Scenario:

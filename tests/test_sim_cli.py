@@ -30,8 +30,10 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     assert "no coupling" not in out  # amplification has one
     assert "\r" not in cap.err  # stderr is no terminal here: no carriage returns
     oracle_rows = [ln.split() for ln in out.splitlines() if ln.split()[2:3] == ["oracle"]]
-    assert [r[-1] for r in oracle_rows] == ["100", "100"]  # percent, not a fraction
     doc = json.loads(js.read_text())
+    # percent, not a fraction; "-" where the oracle gains too little for a share to mean much
+    fractions = [r["oracle_fraction"] for r in doc["rows"] if r["policy"] == "oracle"]
+    assert [r[-1] for r in oracle_rows] == ["-" if f is None else "100" for f in fractions]
     assert set(doc) == {"preset", "notes", "rows"} and doc["preset"] == "amplification"
     assert len(doc["rows"]) == 6
     for r in doc["rows"]:
@@ -248,7 +250,7 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     fitted = next(ln for ln in out.splitlines() if ln.startswith("fitted from"))
     assert "8 ranks" in fitted and "2 ranks steadily late (up to 3.0 ms)" in fitted, fitted
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
-    assert len(note) == 1 and "coupling=0.2" in note[0] and "What if the job ran on 512 GPUs" in note[0]
+    assert len(note) == 1 and "coupling=gpupace.sim.scenario.NCCL_COUPLING" in note[0] and "What if the job ran on 512 GPUs" in note[0]
 
 
 def test_fit_reads_jitter_as_noise(tmp_path):
@@ -281,3 +283,6 @@ def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
            "oracle_fraction": -0.003}
     line = format_table([row]).splitlines()[-1]
     assert line.split()[-2:] == ["0.00", "0"], line
+    oracle = dict(row, policy="oracle", gain_pct=0.5, oracle_fraction=1.0)
+    small = dict(oracle, gain_pct=0.01, oracle_fraction=None)
+    assert [ln.split()[-1] for ln in format_table([oracle, small]).splitlines()[1:]] == ["100", "-"]

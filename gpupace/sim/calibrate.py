@@ -74,8 +74,8 @@ class TelemetryFit:
 
     def scenario(self, nodes: int, gpus_per_node: int = 8, **changes: Any) -> Scenario:
         """The fitted job at `nodes` x `gpus_per_node` ranks; `changes` set any other
-        `Scenario` field, e.g. `coupling=0.2, paced_coupling=SPIN_COUPLING`, which no file
-        can show."""
+        `Scenario` field, e.g. `coupling=NCCL_COUPLING, paced_coupling=SPIN_COUPLING` (the
+        figures measured on an H200), which no file can show."""
         return Scenario(
             name=f"fit:{self.source}", nodes=nodes, gpus_per_node=gpus_per_node,
             samples_per_rank=self.samples_per_rank,

@@ -245,9 +245,9 @@ def no_coupling_note(name: str) -> str:
             "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties, "
             "or loses a little where a delayed rank turns out last (README, 'What if the job "
             "ran on 512 GPUs'). No telemetry file shows a "
-            "coupling; to assume one, use Python: fit_telemetry(path).scenario(nodes, "
-            "coupling=0.2, paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see "
-            "--preset amplification.")
+            "coupling; to take the one measured on an H200, use Python: "
+            "fit_telemetry(path).scenario(nodes, coupling=gpupace.sim.scenario.NCCL_COUPLING, "
+            "paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see --preset amplification.")
 
 
 class _Progress:

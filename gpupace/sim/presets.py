@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .scenario import SPIN_COUPLING, Scenario
+from .scenario import (
+    NCCL_COUPLING,
+    PERSISTENT_NCCL_COUPLING,
+    PERSISTENT_SPIN_COUPLING,
+    SPIN_COUPLING,
+    Scenario,
+)
 
 # Local ranks with the far NIC / extra NUMA hop in each node (assumption: a 2-socket node in
 # which 2 of 8 GPUs reach their NIC through the inter-socket link).
@@ -74,40 +80,47 @@ def fabric(nodes: int, gpus_per_node: int = 8) -> Scenario:
     )
 
 
-def amplification(nodes: int, gpus_per_node: int = 8, coupling: float = 0.2) -> Scenario:
+def amplification(nodes: int, gpus_per_node: int = 8,
+                  coupling: float = PERSISTENT_NCCL_COUPLING) -> Scenario:
     """Synchronisation amplification: random per-step stragglers (2% of ranks per step stall
     for >= 2 ms, Pareto alpha 1.5, plus 2% compute noise per bucket), so the chance that some
-    rank is late grows with world size, and the spin coupling: a waiting NCCL kernel costs
-    the overlapping backward 20% of its throughput (assumption, ~24 channels' CTAs on 132
-    SMs; replace with the device check's figure, no GPU measurement exists yet)."""
+    rank is late grows with world size, and the spin coupling at its strongest measured (an
+    H200, a persistent matmul): a waiting NCCL kernel costs the overlapping backward 34% of
+    its throughput, a pacing spin 19% (`PERSISTENT_NCCL_COUPLING`, `PERSISTENT_SPIN_COUPLING`).
+    The stalls alone are runtime jitter's; the coupling, which makes the ranks that wait for
+    them late in turn, is what this preset shows. The spin's coupling is the same fraction of
+    the NCCL kernel's whatever `coupling` is given."""
     return Scenario(
         name="amplification", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
         noise_sigma=0.02, spike_prob=0.02, spike_us=2_000.0, spike_alpha=1.5,
-        coupling=coupling, paced_coupling=SPIN_COUPLING,
+        coupling=coupling,
+        paced_coupling=coupling * PERSISTENT_SPIN_COUPLING / PERSISTENT_NCCL_COUPLING,
     )
 
 
 def mixed(nodes: int, gpus_per_node: int = 8) -> Scenario:
     """All four failure modes at the moderate levels of the single-mode presets, not
-    calibrated: a what-if playground."""
+    calibrated: a what-if playground. The coupling: a batched load's, measured on an H200
+    (`NCCL_COUPLING`, `SPIN_COUPLING`)."""
     return Scenario(
         name="mixed", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
         noise_sigma=0.02, spike_prob=0.01, spike_us=2_000.0, spike_alpha=1.5,
         regime_on_prob=0.02, regime_off_prob=0.1, regime_comm_factor=2.0,
         locality_pattern_us=_pattern(gpus_per_node, 3_000.0),
         oversubscription=2.0, contention_mean=0.5, contention_sigma=0.8, contention_rho=0.95,
-        coupling=0.2, paced_coupling=SPIN_COUPLING,
+        coupling=NCCL_COUPLING, paced_coupling=SPIN_COUPLING,
     )
 
 
-# Fitted with `gpupace.sim.calibrate.fit_paper(steps=12000, lo=0.7, hi=1.5, iters=7)` (seed
-# 0, 2-core CPU VM, 2026-11-29): the one free scale of the paper preset, chosen so that the
-# BASELINE's step-time CV at 64 nodes over 12,000 steps is 0.22 (got 0.2196). A run of a few
-# thousand steps scatters about it by a few hundredths (the regimes last ~10 steps).
-PAPER_SCALE = 1.128
+# Fitted with `gpupace.sim.calibrate.fit_paper(steps=12000, lo=0.7, hi=2.5, iters=8)` (seed
+# 0, 2-core CPU VM, 2026-12-01, with the couplings measured on an H200): the one free scale of
+# the paper preset, chosen so that the BASELINE's step-time CV at 64 nodes over 12,000 steps
+# is 0.22 (got 0.2188). A run of a few thousand steps scatters about it by a few hundredths
+# (the regimes last ~10 steps).
+PAPER_SCALE = 1.069
 # Samples per rank per step, fitted by the same function so that the baseline's throughput at
 # 64 nodes is near the study's 8200 samples/s (a unit of throughput, not a dynamic).
-PAPER_SAMPLES = 2.095
+PAPER_SAMPLES = 1.988
 
 
 def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Scenario:
@@ -116,7 +129,8 @@ def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Sce
     multiplies the fabric and regime severities (default `PAPER_SCALE`, the fitted value).
     The paced result is then a prediction of this model, not a fit. Everything but `scale`
     and `samples_per_rank` is an assumption, at the single-mode presets' levels (locality 8 ms,
-    Pareto stalls of shape 2.5 so that no single stall dominates thousands of steps)."""
+    Pareto stalls of shape 2.5 so that no single stall dominates thousands of steps), but the
+    coupling: a batched load's, measured on an H200 (`NCCL_COUPLING`, `SPIN_COUPLING`)."""
     k = PAPER_SCALE if scale is None else scale
     return Scenario(
         name="paper", nodes=nodes, gpus_per_node=gpus_per_node, nodes_per_leaf=8, **_workload(),
@@ -124,7 +138,7 @@ def paper(nodes: int, gpus_per_node: int = 8, scale: float | None = None) -> Sce
         regime_on_prob=0.03, regime_off_prob=0.1, regime_comm_factor=1.0 + 2.0 * k,
         locality_pattern_us=_pattern(gpus_per_node, 8_000.0),
         oversubscription=2.0, contention_mean=0.5 * k, contention_sigma=0.8, contention_rho=0.95,
-        coupling=0.2, paced_coupling=SPIN_COUPLING,
+        coupling=NCCL_COUPLING, paced_coupling=SPIN_COUPLING,
     )
 
 

@@ -4,8 +4,9 @@ Times are in microseconds. The four failure modes of the study are explicit grou
 runtime jitter (noise, spikes, regimes), locality (fixed per-rank offsets), fabric
 (hierarchical oversubscribed network with correlated contention per leaf switch) and
 amplification (bucketed all-reduce overlapping the backward pass, plus the spin coupling).
-No GPU measurement exists yet: every coupling default below is an assumption to be replaced
-by the device check's figure (bench/, `-m gpu`) once one exists.
+The coupling figures the coupled presets take, `NCCL_COUPLING` and `SPIN_COUPLING`, are the
+device check's measurements (`H200_BMM_COUPLING`); the scenario's own defaults are 0, an
+uncoupled cluster.
 """
 
 from __future__ import annotations
@@ -13,15 +14,44 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
 # Most paced sites the simulator models; matches PaceConfig.max_sites' default.
 MAX_BUCKETS = 64
 MAX_RANKS = 65_536
 MAX_SPIKE_CLIP = 1e6  # the longest stall, in units of the Pareto scale
-# One warp on one of H100 SXM's 132 SMs (vendor figure): the spin's share of the GPU; an
-# assumption until the device check measures the slowdown it causes.
-SPIN_COUPLING = 1.0 / 132.0
+# The spin coupling as the device check measured it (`gpupace.vcluster.spin_coupling`): the
+# share of a bf16 load's throughput lost while spinners run beside it on another stream, in
+# five device checks on one H200 on 2026-11-30 (bench/results/2026-11-30-nvidia-h200.json of
+# commits 0d92b12, fdf5bba, c1a3d0a, 5750240 and e6efad0, in that order). Two loads: batched
+# small matmuls, which take whatever SMs are free, as a backward's many small kernels do; and
+# one large matmul, whose cuBLAS kernel is persistent (one CTA per SM) and waited for the SM a
+# spinner held, so that it lost a fifth of its throughput beside one warp.
+H200_BMM_COUPLING: dict[str, tuple[float, ...]] = {
+    "one_warp": (0.059, 0.014, 0.012, 0.031, 0.060),  # gpupace's pacing spin
+    "8_ctas": (0.048, 0.031, 0.057, 0.038, 0.075),  # 512-thread CTAs on a barrier: NCCL's
+    "32_ctas": (0.088, 0.042, 0.056, 0.045, 0.081),  # waiting kernel, one CTA per channel
+}
+H200_MM_COUPLING: dict[str, tuple[float, ...]] = {
+    "one_warp": (0.205, 0.194, 0.187, 0.193, 0.194),
+    "8_ctas": (0.317, 0.315, 0.299, 0.306, 0.313),
+    "32_ctas": (0.390, 0.391, 0.371, 0.379, 0.382),
+}
+
+
+def _couplings(runs: dict[str, tuple[float, ...]]) -> tuple[float, float]:
+    """(a waiting NCCL kernel's coupling, a pacing spin's): the median of the 8- and 32-CTA
+    figures (8 to 32 channels), and of the one-warp figures."""
+    return (round(median(runs["8_ctas"] + runs["32_ctas"]), 3),
+            round(median(runs["one_warp"]), 3))
+
+
+# The batched load's: 0.052 and 0.031 (the one-warp figures ranged 0.012-0.060). The coupled
+# presets take these but `amplification`.
+NCCL_COUPLING, SPIN_COUPLING = _couplings(H200_BMM_COUPLING)
+# The persistent matmul's: 0.344 and 0.194, the strongest coupling measured.
+PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING = _couplings(H200_MM_COUPLING)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -111,12 +141,12 @@ class Scenario:
     # -- amplification (failure mode 1) --------------------------------------------------------
     coupling: float = 0.0
     """Fraction of compute throughput lost while this rank's collective kernel is resident,
-    waiting or transferring (NCCL holds one CTA per channel, e.g. 16-32 of H100's 132 SMs).
-    Assumption; replace with the device check's figure (no GPU measurement exists yet)."""
+    waiting or transferring (NCCL holds one CTA per channel). Coupled presets use
+    `NCCL_COUPLING`, measured on an H200 with spinning CTAs (a transfer's CTAs copy, which
+    may cost more). 0 here so that the defaults describe an uncoupled cluster."""
     paced_coupling: float = 0.0
     """Fraction lost while gpupace's one-warp spin holds the stream. Coupled presets use
-    `SPIN_COUPLING`, one of 132 SMs (H100 SXM SM count, vendor figure); the device check should
-    replace it. 0 here so that the defaults describe an uncoupled cluster."""
+    `SPIN_COUPLING`, measured on an H200."""
 
     def __post_init__(self) -> None:
         for name, (lo, hi, kind) in _RANGES.items():
