@@ -34,7 +34,8 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     # percent, not a fraction; "-" where the oracle gains too little for a share to mean much
     fractions = [r["oracle_fraction"] for r in doc["rows"] if r["policy"] == "oracle"]
     assert [r[-1] for r in oracle_rows] == ["-" if f is None else "100" for f in fractions]
-    assert set(doc) == {"preset", "notes", "rows"} and doc["preset"] == "amplification"
+    assert set(doc) == {"preset", "notes", "coupling", "rows"}
+    assert doc["preset"] == "amplification" and doc["coupling"]["collective"] > 0
     assert len(doc["rows"]) == 6
     for r in doc["rows"]:
         assert set(r) == ROW_KEYS
@@ -250,7 +251,33 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     fitted = next(ln for ln in out.splitlines() if ln.startswith("fitted from"))
     assert "8 ranks" in fitted and "2 ranks steadily late (up to 3.0 ms)" in fitted, fitted
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
-    assert len(note) == 1 and "coupling=gpupace.sim.scenario.NCCL_COUPLING" in note[0] and "What if the job ran on 512 GPUs" in note[0]
+    assert len(note) == 1 and "--coupling batched" in note[0], note
+    assert "What if the job ran on 512 GPUs" in note[0]
+    # the note's way works: the fit with the coupling measured beside batched matmuls
+    rc = main(["simulate", "--from-telemetry", str(path), "--nodes", "1", "--steps", "100",
+               "--coupling", "batched", "--json", str(js)])
+    assert rc == 0
+    assert json.loads(js.read_text())["coupling"] == {"collective": 0.052, "spin": 0.031}
+    out = capsys.readouterr().out
+    assert "coupling batched" in out and "no coupling" not in out
+
+
+@pytest.mark.parametrize("coupling, expected", [("off", (0.0, 0.0)), ("batched", (0.052, 0.031)),
+                                                ("persistent", (0.344, 0.194))])
+def test_coupling_option_sets_the_measured_figures(tmp_path, capsys, coupling, expected):
+    js = tmp_path / "c.json"
+    rc = main(["simulate", "--preset", "amplification", "--nodes", "1", "--steps", "120",
+               "--coupling", coupling, "--json", str(js)])
+    assert rc == 0
+    doc = json.loads(js.read_text())
+    assert tuple(doc["coupling"].values()) == expected
+    out = capsys.readouterr().out
+    assert f"coupling {coupling}" in out and "no coupling" not in out  # off is asked for
+    oracle = next(r for r in doc["rows"] if r["policy"] == "oracle")
+    if coupling == "off":  # nothing couples the ranks: perfect foresight cannot shorten a step
+        assert oracle["gain_pct"] == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert oracle["gain_pct"] > 0.0
 
 
 def test_fit_reads_jitter_as_noise(tmp_path):

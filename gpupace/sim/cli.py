@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,13 @@ from ..config import PaceConfig
 from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
-from .scenario import Scenario
+from .scenario import (
+    NCCL_COUPLING,
+    PERSISTENT_NCCL_COUPLING,
+    PERSISTENT_SPIN_COUPLING,
+    SPIN_COUPLING,
+    Scenario,
+)
 from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, POLICIES, SimResult, policy_start_step
 from .table import finite, format_table, plot_table, scaling_table
 
@@ -31,6 +38,11 @@ from .table import finite, format_table, plot_table, scaling_table
 MIN_STEPS = 50
 STUDY = ("the study gpupace implements: 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
          "8200 -> 9100 samples/s (+11.0%)")
+# --coupling: (a waiting NCCL kernel's, a pacing spin's), both measured on an H200
+# (gpupace.sim.scenario), or none.
+COUPLINGS = {"batched": (NCCL_COUPLING, SPIN_COUPLING),
+             "persistent": (PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING),
+             "off": (0.0, 0.0)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"steps per run, at least {MIN_STEPS}; figures use the second half "
                              "(default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--coupling", choices=sorted(COUPLINGS), default=None,
+                        help="what a waiting collective and a pacing spin cost the overlapping "
+                             "compute, as measured on an H200 beside batched matmuls "
+                             f"({NCCL_COUPLING}, {SPIN_COUPLING}) or a persistent matmul "
+                             f"({PERSISTENT_NCCL_COUPLING}, {PERSISTENT_SPIN_COUPLING}), or "
+                             "none (default: the preset's; none for --from-telemetry)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the table as JSON")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
                         help="plot throughput, CV and gain against nodes (any format "
@@ -170,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
 
         def make(n: int) -> Scenario:
             return get_preset(name, n, args.gpus_per_node)
+    if args.coupling is not None:
+        title += f", coupling {args.coupling}"
+        make = with_coupling(make, *COUPLINGS[args.coupling])
     biggest = make(max(nodes))  # validate the largest scenario before minutes of simulation
     if args.telemetry and args.steps * biggest.ranks * biggest.buckets > KEEP_SITES_LIMIT:
         raise ValueError(
@@ -201,12 +222,14 @@ def run(args: argparse.Namespace) -> int:
         print(late)
     if name == "paper":
         print(STUDY)
-    if biggest.coupling == 0.0:
+    if biggest.coupling == 0.0 and args.coupling != "off":
         print(no_coupling_note(name))
     if "res" in keep_last:
         write_telemetry(keep_last["res"], tel)
     if args.json:
         out: dict[str, Any] = {"preset": name, "notes": [late] if late else [],
+                               "coupling": {"collective": biggest.coupling,
+                                            "spin": biggest.paced_coupling},
                                "rows": [{k: finite(v) if isinstance(v, float) else v
                                          for k, v in r.items()} for r in rows]}
         if args.from_telemetry:  # the whole fit, every rank's offset with it
@@ -218,6 +241,13 @@ def run(args: argparse.Namespace) -> int:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_table(rows, args.plot, title=f"gpupace simulate, {title}")
     return 0
+
+
+def with_coupling(make: Callable[[int], Scenario], collective: float,
+                  spin: float) -> Callable[[int], Scenario]:
+    """`make` with its scenarios' coupling set: `collective` while a collective kernel waits or
+    transfers, `spin` while a pacing spin runs."""
+    return lambda n: make(n).replace(coupling=collective, paced_coupling=spin)
 
 
 def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int) -> str | None:
@@ -245,9 +275,8 @@ def no_coupling_note(name: str) -> str:
             "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties, "
             "or loses a little where a delayed rank turns out last (README, 'What if the job "
             "ran on 512 GPUs'). No telemetry file shows a "
-            "coupling; to take the one measured on an H200, use Python: "
-            "fit_telemetry(path).scenario(nodes, coupling=gpupace.sim.scenario.NCCL_COUPLING, "
-            "paced_coupling=gpupace.sim.scenario.SPIN_COUPLING), or see --preset amplification.")
+            "coupling; to take one measured on an H200, add --coupling batched (or persistent), "
+            "or see --preset amplification.")
 
 
 class _Progress:
