@@ -165,14 +165,15 @@ def nccl_world1() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def timed_spins(req_us: float, reps: int, cap_us: float) -> dict[str, np.ndarray]:
+def timed_spins(req_us: float, reps: int, cap_us: float,
+                backoff_ns: int = 0) -> dict[str, np.ndarray]:
     """`reps` spin-waits of `req_us`, each run right after a zero-delay spin, both timed by
     CUDA events, behind a sleep that outlasts their launches (GPU time, not the host's):
     "applied" (the delay the spin wrote, from the clock it stops on), "wall" (its kernel time)
     and "zero" (the zero-delay spin's). The error the spin benchmarks judge is wall - median
     zero - request: the zero-delay spins of the same batch carry the launch and the events'
     own cost at the GPU's clocks of the moment. Call it once untimed first (kernels loaded,
-    clocks up)."""
+    clocks up). `backoff_ns`: the spins sleep that long between clock reads (`spin.spin`)."""
     import torch
 
     from gpupace.kernels import spin
@@ -188,9 +189,9 @@ def timed_spins(req_us: float, reps: int, cap_us: float) -> dict[str, np.ndarray
     for r in range(reps):
         torch.cuda._sleep(200 * CYCLES_PER_US)
         ev[r][0].record()
-        spin.spin(d[0], scratch, reads[r], clk, cap_us=cap_us)
+        spin.spin(d[0], scratch, reads[r], clk, cap_us=cap_us, backoff_ns=backoff_ns)
         ev[r][1].record()
-        spin.spin(d[1], applied[r], reads[r], clk, cap_us=cap_us)
+        spin.spin(d[1], applied[r], reads[r], clk, cap_us=cap_us, backoff_ns=backoff_ns)
         ev[r][2].record()
     torch.cuda.synchronize()
     return {"applied": applied[:, 0].double().cpu().numpy(),

@@ -192,13 +192,19 @@ class VirtualCluster:
 
 
 def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: int = 20,
-                  warps: int = 16, device: int | None = None) -> dict[str, float]:
+                  warps: int = 16, device: int | None = None,
+                  backoffs_ns: tuple[int, ...] = (256, 2048), rounds: int = 3
+                  ) -> dict[str, float]:
     """Compute throughput (TFLOP/s, bf16 on one stream) alone, while a barrier that nobody
     else reaches spins on K CTAs of `warps` warps on another stream (an early rank's NCCL
     kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the same
-    length runs instead (a paced rank); and the couplings the simulator takes
+    length runs instead (a paced rank), tight or sleeping each of `backoffs_ns` between its
+    clock reads (`kernels.spin.spin`'s backoff: does the tight loop cost more than one warp's
+    share of the SMs?); and the couplings the simulator takes
     (`gpupace.sim.scenario.H200_BMM_COUPLING`, from the `bmm` figures of five runs), the
-    fraction of throughput lost, 1 - with / alone.
+    fraction of throughput lost, 1 - with / alone. Each throughput is the median of `rounds`
+    timings, the rounds taking every case in turn (one timing a case scattered the one-warp
+    coupling from 1.2% to 6.0% over five runs).
     Two loads, keys prefixed by theirs: `mm`, `reps` [size x size] matmuls, whose cuBLAS
     kernels on Hopper may be persistent (one CTA per SM, each looping over tiles): a spinner
     that keeps one CTA off its SM makes the matmul end with the spin, so that figure says how
@@ -212,6 +218,8 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     if dev.index != torch.cuda.current_device():  # Triton launches on the current device
         raise ValueError(f"spin_coupling runs on the current CUDA device, "
                          f"cuda:{torch.cuda.current_device()}; got device={device}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     side = torch.cuda.Stream(device=dev)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
@@ -221,6 +229,8 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3 * reps),
              "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3 * reps)}
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
+    applied = torch.zeros(1, device=dev)
+    reads = torch.zeros(1, dtype=torch.int32, device=dev)
     out: dict[str, float] = {}
     for name, (load, flops) in loads.items():
         def timed(load=load) -> float:
@@ -233,26 +243,36 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
             return t0.elapsed_time(t1) * 1e-3
 
         timed()  # warm-up: cuBLAS handles, clocks
-        base = timed()
-        got = {"alone": flops / base / 1e12}
-        hold_us = 3 * base * 1e6  # the spinner outlasts the load
-        for k in ctas:
-            count = torch.zeros(1, dtype=torch.int32, device=dev)
-            flag = torch.zeros(1, dtype=torch.int32, device=dev)
-            torch.cuda.synchronize(dev)
-            with torch.cuda.stream(side):
+        hold_us = 3 * timed() * 1e6  # the spinner outlasts the load
+        delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
+
+        def barrier_of(k: int, hold_us: float = hold_us):
+            def start() -> None:
+                count = torch.zeros(1, dtype=torch.int32, device=dev)
+                flag = torch.zeros(1, dtype=torch.int32, device=dev)
                 barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps,
                                 timeout_us=hold_us)
-            got[f"with_{k}_cta_spin"] = flops / timed() / 1e12
-            torch.cuda.synchronize(dev)
-        delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
-        applied = torch.zeros(1, device=dev)
-        reads = torch.zeros(1, dtype=torch.int32, device=dev)
+            return start
+
+        def spin_of(backoff: int, delay: torch.Tensor = delay, hold_us: float = hold_us):
+            return lambda: spin.spin(delay, applied, reads, clk, cap_us=hold_us,
+                                     backoff_ns=backoff)
+
+        spinners = {f"with_{k}_cta_spin": barrier_of(k) for k in ctas}
+        spinners["with_one_warp_spin"] = spin_of(0)
+        spinners.update({f"with_one_warp_spin_sleep_{ns}ns": spin_of(ns) for ns in backoffs_ns})
+        for launch in spinners.values():  # compiled before any timing
+            launch()
         torch.cuda.synchronize(dev)
-        with torch.cuda.stream(side):
-            spin.spin(delay, applied, reads, clk, cap_us=hold_us)
-        got["with_one_warp_spin"] = flops / timed() / 1e12
-        torch.cuda.synchronize(dev)
+        times: dict[str, list[float]] = {"alone": [], **{key: [] for key in spinners}}
+        for _ in range(rounds):
+            times["alone"].append(timed())
+            for key, launch in spinners.items():
+                with torch.cuda.stream(side):
+                    launch()
+                times[key].append(timed())
+                torch.cuda.synchronize(dev)  # the spinner ends before the next case
+        got = {key: flops / float(np.median(t)) / 1e12 for key, t in times.items()}
         prefix = "" if name == "mm" else f"{name}_"  # the mm keys as before
         out[f"{prefix}spin_hold_us"] = hold_us
         out.update({f"{prefix}matmul_{k}_tflops": v for k, v in got.items()})

@@ -48,6 +48,19 @@ def now(prev, fake_tick, USE_CLOCK: tl.constexpr):
 
 
 @triton.jit
+def sleep_ns(ns, USE_CLOCK: tl.constexpr):
+    """Suspends the warp for about `ns` ns (PTX `nanosleep`, sm_70 on: anywhere from 0 to 2x
+    `ns`, at most 1 ms), so a spin need not issue a clock read every few cycles; nothing on the
+    clock-free path. Returns 0."""
+    if USE_CLOCK:
+        z = tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        z = ns * 0
+    return z
+
+
+@triton.jit
 def stamp_now(clk_ptr, USE_CLOCK: tl.constexpr):
     """A stamp: the device clock, or on the clock-free path the virtual clock `clk[1]` (no
     load at all on the clock path)."""

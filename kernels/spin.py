@@ -32,7 +32,7 @@ import triton.language as tl
 
 from gpupace.policy import ARRIVAL_RATE
 
-from .clock import now, stamp_now, use_clock
+from .clock import now, sleep_ns, stamp_now, use_clock
 from .launch import Hot, site_launcher
 
 # A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
@@ -42,12 +42,15 @@ HARD_CAP_US = 1_000_000.0
 # delay; the bound matters only when the clock is stuck.
 MIN_READ_NS = 2
 HARD_MAX_READS = int(HARD_CAP_US * 1000) // MIN_READ_NS
+MAX_BACKOFF_NS = 1_000_000  # PTX nanosleep's bound
 
 
 @triton.jit
 def spin_for(delay_us, cap_us, max_reads, t0, fake_tick, USE_CLOCK: tl.constexpr,
-             HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr):
-    """Spins from clock time `t0` for the clamped delay; returns (end time, clock reads)."""
+             HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr, BACKOFF: tl.constexpr = 0):
+    """Spins from clock time `t0` for the clamped delay; returns (end time, clock reads).
+    BACKOFF > 0: sleeps about BACKOFF ns between clock reads while more than twice that
+    remains (a sleep lasts up to twice its request), so the spin ends as precisely."""
     cap = tl.where(cap_us == cap_us, cap_us, 0.0)  # NaN cap: no delay
     cap = tl.minimum(tl.maximum(cap, 0.0), HARD_CAP)
     d = tl.where(delay_us == delay_us, delay_us, 0.0)  # NaN delay: none
@@ -57,6 +60,9 @@ def spin_for(delay_us, cap_us, max_reads, t0, fake_tick, USE_CLOCK: tl.constexpr
     t = t0
     i = 0
     while (t < target) & (i < reads) & (t >= t0):
+        if BACKOFF > 0:
+            if target - t > 2 * BACKOFF:
+                sleep_ns(BACKOFF, USE_CLOCK)
         t = now(t, fake_tick, USE_CLOCK)
         i += 1
     return t, i
@@ -64,10 +70,11 @@ def spin_for(delay_us, cap_us, max_reads, t0, fake_tick, USE_CLOCK: tl.constexpr
 
 @triton.jit
 def _spin_kernel(delay_ptr, applied_ptr, reads_ptr, clk_ptr, cap_us, max_reads, fake_tick,
-                 USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr):
+                 USE_CLOCK: tl.constexpr, HARD_CAP: tl.constexpr, HARD_READS: tl.constexpr,
+                 BACKOFF: tl.constexpr = 0):
     t0 = stamp_now(clk_ptr, USE_CLOCK)
     t, i = spin_for(tl.load(delay_ptr), cap_us, max_reads, t0, fake_tick, USE_CLOCK,
-                    HARD_CAP, HARD_READS)
+                    HARD_CAP, HARD_READS, BACKOFF)
     tl.store(applied_ptr, ((t - t0).to(tl.float32)) * 0.001)
     tl.store(reads_ptr, i)
     if not USE_CLOCK:
@@ -125,14 +132,20 @@ def max_reads_for(cap_us: float) -> int:
 
 def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: torch.Tensor, *,
          cap_us: float, max_reads: int | None = None, clock: bool | None = None,
-         fake_tick: int = 1000) -> None:
+         fake_tick: int = 1000, backoff_ns: int = 0) -> None:
     """Spins for `delay[0]` us (float32, device memory), clamped to [0, min(cap_us, 1 s)];
     writes the applied delay (us) to `applied[0]` and the clock reads to `reads[0]` (int32).
-    `clk` is the engine's int64 [2] clock buffer (the virtual clock on the clock-free path)."""
+    `clk` is the engine's int64 [2] clock buffer (the virtual clock on the clock-free path).
+    `backoff_ns` > 0 sleeps that long between clock reads while more than twice it remains:
+    whether that takes less from concurrent compute than a tight loop, at the same precision,
+    is the device check's question (`vcluster.spin_coupling`); not yet measured on a GPU,
+    so the engine's spins do not use it."""
     n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
+    if not 0 <= backoff_ns <= MAX_BACKOFF_NS:
+        raise ValueError(f"backoff_ns must be in [0, {MAX_BACKOFF_NS}], got {backoff_ns}")
     _spin_kernel[(1,)](delay, applied, reads, clk, float(cap_us), n, int(fake_tick),
                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
-                       num_warps=1)
+                       BACKOFF=int(backoff_ns), num_warps=1)
 
 
 def skew_spin(skew: torch.Tensor, start: torch.Tensor, applied: torch.Tensor,

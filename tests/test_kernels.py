@@ -27,12 +27,13 @@ def buffers(m: int, start_ns: int = 1_000_000):
     return row, stamps, clk
 
 
-def spin_once(k, delay, cap_us, fake_tick=1000, max_reads=None):
+def spin_once(k, delay, cap_us, fake_tick=1000, max_reads=None, backoff_ns=0):
     d = torch.tensor([delay], dtype=torch.float32)
     applied = torch.full((1,), -1.0)
     reads = torch.full((1,), -1, dtype=torch.int32)
     clk = torch.tensor([0, 5_000], dtype=torch.int64)
-    k["spin"].spin(d, applied, reads, clk, cap_us=cap_us, fake_tick=fake_tick, max_reads=max_reads)
+    k["spin"].spin(d, applied, reads, clk, cap_us=cap_us, fake_tick=fake_tick, max_reads=max_reads,
+                   backoff_ns=backoff_ns)
     return float(applied[0]), int(reads[0]), int(clk[1])
 
 
@@ -50,6 +51,21 @@ def test_spin_clamps_whatever_the_buffer_holds(k, delay):
     assert applied == pytest.approx(want)
     assert reads == want_reads
     assert end == 5_000 + want_reads * 1000  # the virtual clock advanced by what was applied
+
+
+@pytest.mark.parametrize("delay", [float("nan"), -5.0, 0.25, 3.0, 1e9])
+def test_spin_with_backoff_keeps_the_clamp_and_bookkeeping(k, delay):
+    # The sleep between reads is nothing on the clock-free path: the loop around it (its
+    # guard, the clamp, the bound) must give what the tight loop gives.
+    got = spin_once(k, delay, cap_us=10.0, fake_tick=1000, backoff_ns=256)
+    assert got == spin_once(k, delay, cap_us=10.0, fake_tick=1000)
+    assert got[:2] == pytest.approx(expected_applied(delay, 10.0, 1000))
+
+
+@pytest.mark.parametrize("backoff", [-1, 1_000_001])
+def test_spin_refuses_a_backoff_nanosleep_cannot_take(k, backoff):
+    with pytest.raises(ValueError, match=f"backoff_ns must be in \\[0, 1000000\\], got {backoff}"):
+        spin_once(k, 1.0, cap_us=10.0, backoff_ns=backoff)
 
 
 def test_spin_hard_cap_beats_a_huge_cap(k):

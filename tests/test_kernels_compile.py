@@ -102,6 +102,12 @@ def test_site_kernels_compile_for_hopper_and_read_the_global_timer(hopper):
         # The clock is the inline asm: in the PTX, not folded away or left to the interpreter.
         assert "%globaltimer" in kernel.asm["ptx"], name
         assert kernel.asm.get("cubin"), name  # ptxas ran: the PTX is valid for sm_90
+    # The spin with a backoff sleeps between its clock reads; without, it never sleeps.
+    backoff = compile(spin._spin_kernel, zeros(1), zeros(1), zeros(1, dtype=i32), clk, 2000.0,
+                      spin.max_reads_for(2000.0), 1000, BACKOFF=256, **caps)
+    assert re.search(r"nanosleep\.u32", backoff.asm["ptx"]) and backoff.asm.get("cubin")
+    assert "%globaltimer" in backoff.asm["ptx"]
+    assert "nanosleep" not in compiled["spin"].asm["ptx"]
     # The exit stamp reads nothing from memory (a load's round trip was a third of its time).
     assert "ld.global" not in compiled["exit"].asm["ptx"]
     finish = compile(k["stamp"]._finish_kernel, row, stamps, clk, M, 16, num_warps=1)
