@@ -230,6 +230,27 @@ def test_oracle_gap_script_writes_its_results(tmp_path):
         gap_main(["--steps", "10"])
 
 
+def test_attribution_script_sets_the_report_beside_each_cause_cost(tmp_path):
+    from bench.sim_attribution import main as attribution_main
+
+    rc = attribution_main(["--presets", "locality", "--nodes", "1", "--steps", "200",
+                           "--seeds", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    (doc_path,) = tmp_path.glob("sim_attribution_*.json")
+    doc = json.loads(doc_path.read_text())["extras"]["locality"]
+    # One cause in the preset, and one switched off: the others are not in it
+    assert list(doc["switched_off_saves_ms_per_step"]) == ["locality"]
+    cost = doc["switched_off_saves_ms_per_step"]["locality"][0]
+    split = doc["report_ms_per_step"]
+    # A clean case (3 ms on two ranks of 8, nothing random): the split finds what it cost
+    assert cost == pytest.approx(3.0, rel=0.02)
+    assert split["locality"][0] == pytest.approx(cost, rel=0.05)
+    assert split["lost (all)"][0] == pytest.approx(cost, rel=0.05)
+    for bad in (["--presets", "nosuch"], ["--steps", "50"]):
+        with pytest.raises(SystemExit):
+            attribution_main(bad)
+
+
 def test_report_load_script_times_both_commands(tmp_path):
     from bench.report_load import main as load_main
 
