@@ -15,7 +15,8 @@ import pytest
 from gpupace import launch
 from gpupace.launch import run_ranks
 
-pytestmark = pytest.mark.timeout(120)
+# above run_ranks' own 120 s: a hung rank fails with its message, which names the rank
+pytestmark = pytest.mark.timeout(150)
 
 SCRIPT = textwrap.dedent("""
     import os, sys, time
