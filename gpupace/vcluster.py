@@ -12,6 +12,7 @@ triton and cupy; nothing here runs on a CPU.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -193,24 +194,25 @@ class VirtualCluster:
 
 def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: int = 20,
                   warps: int = 16, device: int | None = None,
-                  backoffs_ns: tuple[int, ...] = (256, 2048), rounds: int = 3
-                  ) -> dict[str, float]:
+                  backoffs_ns: tuple[int, ...] = (256, 2048), rounds: int = 5,
+                  window_ms: float = 10.0) -> dict[str, float]:
     """Compute throughput (TFLOP/s, bf16 on one stream) alone, while a barrier that nobody
     else reaches spins on K CTAs of `warps` warps on another stream (an early rank's NCCL
     kernel: one 512-thread CTA per channel by default), and while a one-warp spin of the same
     length runs instead (a paced rank), tight or sleeping each of `backoffs_ns` between its
     clock reads (`kernels.spin.spin`'s backoff: does the tight loop cost more than one warp's
     share of the SMs?); and the couplings the simulator takes
-    (`gpupace.sim.scenario.H200_BMM_COUPLING`, from the `bmm` figures of five runs), the
+    (`gpupace.sim.scenario.H200_BMM_COUPLING` and `H200_MM_COUPLING`, of five runs), the
     fraction of throughput lost, 1 - with / alone. Each throughput is the median of `rounds`
-    timings, the rounds taking every case in turn (one timing a case scattered the one-warp
-    coupling from 1.2% to 6.0% over five runs).
-    Two loads, keys prefixed by theirs: `mm`, `reps` [size x size] matmuls, whose cuBLAS
-    kernels on Hopper may be persistent (one CTA per SM, each looping over tiles): a spinner
-    that keeps one CTA off its SM makes the matmul end with the spin, so that figure says how
-    long a spinner holds an SM as much as what it takes from throughput; and `bmm`, batched
-    small matmuls whose grid is many times the SM count, which take what SMs are free: the
-    premise's figure. Also `spin_hold_us` per load: each spinner outlasts its load 3x.
+    timings of at least `window_ms` (`reps` loads or more), the rounds taking every case in
+    turn, and `nothing` is a control: a timing with no spinner, as the others are taken, whose
+    coupling says how far timings alone scatter (the runs of 2026-11-30 took one timing of
+    ~1 ms a case: the one-warp coupling scattered 1.2-6.0% over five runs).
+    Two loads, keys prefixed by theirs: `mm`, [size x size] matmuls, whose cuBLAS kernels on
+    Hopper may be persistent (one CTA per SM, each looping over tiles), so that a CTA slowed
+    beside a spinner becomes the kernel's tail; and `bmm`, batched small matmuls whose grid is
+    many times the SM count, which take what SMs are free: the premise's figure. Also
+    `spin_hold_us` and `reps` per load: each spinner outlasts its load's window 3x.
     Synchronises."""
     from gpupace.kernels import barrier, spin
 
@@ -218,32 +220,35 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     if dev.index != torch.cuda.current_device():  # Triton launches on the current device
         raise ValueError(f"spin_coupling runs on the current CUDA device, "
                          f"cuda:{torch.cuda.current_device()}; got device={device}")
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if rounds < 1 or reps < 1 or not window_ms > 0:
+        raise ValueError(f"rounds and reps must be >= 1 and window_ms > 0, got {rounds}, "
+                         f"{reps}, {window_ms}")
     side = torch.cuda.Stream(device=dev)
     a = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     b = torch.randn(size, size, device=dev, dtype=torch.bfloat16)
     batch, small = 512, 256  # 512 x 64 tiles of 32 x 32 at least: many times any SM count
     p = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
     q = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
-    loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3 * reps),
-             "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3 * reps)}
+    loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3),
+             "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3)}  # flops a call
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
     applied = torch.zeros(1, device=dev)
     reads = torch.zeros(1, dtype=torch.int32, device=dev)
     out: dict[str, float] = {}
-    for name, (load, flops) in loads.items():
-        def timed(load=load) -> float:
+    for name, (load, flops_per_call) in loads.items():
+        def timed(n: int, load=load) -> float:
             t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0.record()
-            for _ in range(reps):
+            for _ in range(n):
                 load()
             t1.record()
             t1.synchronize()
             return t0.elapsed_time(t1) * 1e-3
 
-        timed()  # warm-up: cuBLAS handles, clocks
-        hold_us = 3 * timed() * 1e6  # the spinner outlasts the load
+        timed(reps)  # warm-up: cuBLAS handles, clocks
+        calls = max(reps, math.ceil(window_ms * 1e-3 * reps / timed(reps)))
+        flops = flops_per_call * calls
+        hold_us = 3 * timed(calls) * 1e6  # the spinner outlasts the load
         delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
 
         def barrier_of(k: int, hold_us: float = hold_us):
@@ -258,7 +263,8 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
             return lambda: spin.spin(delay, applied, reads, clk, cap_us=hold_us,
                                      backoff_ns=backoff)
 
-        spinners = {f"with_{k}_cta_spin": barrier_of(k) for k in ctas}
+        spinners = {"with_nothing": lambda: None}  # the control: timings alone scatter
+        spinners.update({f"with_{k}_cta_spin": barrier_of(k) for k in ctas})
         spinners["with_one_warp_spin"] = spin_of(0)
         spinners.update({f"with_one_warp_spin_sleep_{ns}ns": spin_of(ns) for ns in backoffs_ns})
         for launch in spinners.values():  # compiled before any timing
@@ -266,15 +272,16 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
         torch.cuda.synchronize(dev)
         times: dict[str, list[float]] = {"alone": [], **{key: [] for key in spinners}}
         for _ in range(rounds):
-            times["alone"].append(timed())
+            times["alone"].append(timed(calls))
             for key, launch in spinners.items():
                 with torch.cuda.stream(side):
                     launch()
-                times[key].append(timed())
+                times[key].append(timed(calls))
                 torch.cuda.synchronize(dev)  # the spinner ends before the next case
         got = {key: flops / float(np.median(t)) / 1e12 for key, t in times.items()}
         prefix = "" if name == "mm" else f"{name}_"  # the mm keys as before
         out[f"{prefix}spin_hold_us"] = hold_us
+        out[f"{prefix}reps"] = calls
         out.update({f"{prefix}matmul_{k}_tflops": v for k, v in got.items()})
         out.update({f"{prefix}coupling_{k[5:]}": 1.0 - v / got["alone"]
                     for k, v in got.items() if k.startswith("with_")})

@@ -34,6 +34,7 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     # percent, not a fraction; "-" where the oracle gains too little for a share to mean much
     fractions = [r["oracle_fraction"] for r in doc["rows"] if r["policy"] == "oracle"]
     assert [r[-1] for r in oracle_rows] == ["-" if f is None else "100" for f in fractions]
+    assert "100" in [r[-1] for r in oracle_rows]  # amplification's coupling gives it a gain
     assert set(doc) == {"preset", "notes", "coupling", "rows"}
     assert doc["preset"] == "amplification" and doc["coupling"]["collective"] > 0
     assert len(doc["rows"]) == 6
@@ -266,7 +267,7 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
                                                 ("persistent", (0.344, 0.194))])
 def test_coupling_option_sets_the_measured_figures(tmp_path, capsys, coupling, expected):
     js = tmp_path / "c.json"
-    rc = main(["simulate", "--preset", "amplification", "--nodes", "1", "--steps", "120",
+    rc = main(["simulate", "--preset", "paper", "--nodes", "1", "--steps", "120",
                "--coupling", coupling, "--json", str(js)])
     assert rc == 0
     doc = json.loads(js.read_text())

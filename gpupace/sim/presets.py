@@ -81,20 +81,19 @@ def fabric(nodes: int, gpus_per_node: int = 8) -> Scenario:
 
 
 def amplification(nodes: int, gpus_per_node: int = 8,
-                  coupling: float = PERSISTENT_NCCL_COUPLING) -> Scenario:
+                  coupling: float = PERSISTENT_NCCL_COUPLING,
+                  paced_coupling: float = PERSISTENT_SPIN_COUPLING) -> Scenario:
     """Synchronisation amplification: random per-step stragglers (2% of ranks per step stall
     for >= 2 ms, Pareto alpha 1.5, plus 2% compute noise per bucket), so the chance that some
     rank is late grows with world size, and the spin coupling at its strongest measured (an
     H200, a persistent matmul): a waiting NCCL kernel costs the overlapping backward 34% of
     its throughput, a pacing spin 19% (`PERSISTENT_NCCL_COUPLING`, `PERSISTENT_SPIN_COUPLING`).
     The stalls alone are runtime jitter's; the coupling, which makes the ranks that wait for
-    them late in turn, is what this preset shows. The spin's coupling is the same fraction of
-    the NCCL kernel's whatever `coupling` is given."""
+    them late in turn, is what this preset shows."""
     return Scenario(
         name="amplification", nodes=nodes, gpus_per_node=gpus_per_node, **_workload(),
         noise_sigma=0.02, spike_prob=0.02, spike_us=2_000.0, spike_alpha=1.5,
-        coupling=coupling,
-        paced_coupling=coupling * PERSISTENT_SPIN_COUPLING / PERSISTENT_NCCL_COUPLING,
+        coupling=coupling, paced_coupling=paced_coupling,
     )
 
 

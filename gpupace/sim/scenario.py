@@ -4,9 +4,9 @@ Times are in microseconds. The four failure modes of the study are explicit grou
 runtime jitter (noise, spikes, regimes), locality (fixed per-rank offsets), fabric
 (hierarchical oversubscribed network with correlated contention per leaf switch) and
 amplification (bucketed all-reduce overlapping the backward pass, plus the spin coupling).
-The coupling figures the coupled presets take, `NCCL_COUPLING` and `SPIN_COUPLING`, are the
-device check's measurements (`H200_BMM_COUPLING`); the scenario's own defaults are 0, an
-uncoupled cluster.
+The coupling figures the coupled presets take are the device check's measurements on an H200
+(`NCCL_COUPLING` and `SPIN_COUPLING` beside batched matmuls, the `PERSISTENT_` pair beside a
+persistent one); the scenario's own defaults are 0, an uncoupled cluster.
 """
 
 from __future__ import annotations
@@ -23,11 +23,16 @@ MAX_RANKS = 65_536
 MAX_SPIKE_CLIP = 1e6  # the longest stall, in units of the Pareto scale
 # The spin coupling as the device check measured it (`gpupace.vcluster.spin_coupling`): the
 # share of a bf16 load's throughput lost while spinners run beside it on another stream, in
-# five device checks on one H200 on 2026-11-30 (bench/results/2026-11-30-nvidia-h200.json of
-# commits 0d92b12, fdf5bba, c1a3d0a, 5750240 and e6efad0, in that order). Two loads: batched
-# small matmuls, which take whatever SMs are free, as a backward's many small kernels do; and
-# one large matmul, whose cuBLAS kernel is persistent (one CTA per SM) and waited for the SM a
-# spinner held, so that it lost a fifth of its throughput beside one warp.
+# five device checks on one H200 within 40 minutes of 2026-11-30
+# (bench/results/2026-11-30-nvidia-h200.json of commits 0d92b12, fdf5bba, c1a3d0a, 5750240 and
+# e6efad0, in that order). Two loads: batched small matmuls, which take whatever SMs are free
+# (the optimistic choice for a backward); and one large matmul, whose cuBLAS kernel is
+# persistent (one CTA per SM): it lost a fifth of its throughput beside one warp, though the
+# spinner outlasted it 3x (waiting for that SM would have cost at least two thirds), so most
+# likely its CTAs beside the spinners ran slower and became its tail. Each batched figure is
+# one timing of ~1 ms against one timing alone: the one-warp figures (0.012-0.060) overlap the
+# one-CTA ones (0.027-0.047). Measured on CTAs that spin; a transfer's CTAs copy, and the
+# engine applies `coupling` to the transfer too.
 H200_BMM_COUPLING: dict[str, tuple[float, ...]] = {
     "one_warp": (0.059, 0.014, 0.012, 0.031, 0.060),  # gpupace's pacing spin
     "8_ctas": (0.048, 0.031, 0.057, 0.038, 0.075),  # 512-thread CTAs on a barrier: NCCL's
@@ -41,16 +46,16 @@ H200_MM_COUPLING: dict[str, tuple[float, ...]] = {
 
 
 def _couplings(runs: dict[str, tuple[float, ...]]) -> tuple[float, float]:
-    """(a waiting NCCL kernel's coupling, a pacing spin's): the median of the 8- and 32-CTA
-    figures (8 to 32 channels), and of the one-warp figures."""
+    """(a waiting NCCL kernel's coupling, a pacing spin's): the median of the ten 8- and
+    32-CTA figures (8 to 32 channels; for the persistent load it falls between the two
+    clusters, 0.30-0.32 and 0.37-0.39), and of the one-warp figures."""
     return (round(median(runs["8_ctas"] + runs["32_ctas"]), 3),
             round(median(runs["one_warp"]), 3))
 
 
-# The batched load's: 0.052 and 0.031 (the one-warp figures ranged 0.012-0.060). The coupled
-# presets take these but `amplification`.
+# The batched load's: 0.052 and 0.031. The coupled presets take these but `amplification`.
 NCCL_COUPLING, SPIN_COUPLING = _couplings(H200_BMM_COUPLING)
-# The persistent matmul's: 0.344 and 0.194, the strongest coupling measured.
+# The persistent matmul's: 0.344 and 0.194, the strongest coupling measured; `amplification`'s.
 PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING = _couplings(H200_MM_COUPLING)
 
 
@@ -142,11 +147,12 @@ class Scenario:
     coupling: float = 0.0
     """Fraction of compute throughput lost while this rank's collective kernel is resident,
     waiting or transferring (NCCL holds one CTA per channel). Coupled presets use
-    `NCCL_COUPLING`, measured on an H200 with spinning CTAs (a transfer's CTAs copy, which
-    may cost more). 0 here so that the defaults describe an uncoupled cluster."""
+    `NCCL_COUPLING` (`amplification`: `PERSISTENT_NCCL_COUPLING`), measured on an H200 with
+    spinning CTAs (a transfer's CTAs copy, which may cost otherwise). 0 here so that the
+    defaults describe an uncoupled cluster."""
     paced_coupling: float = 0.0
     """Fraction lost while gpupace's one-warp spin holds the stream. Coupled presets use
-    `SPIN_COUPLING`, measured on an H200."""
+    `SPIN_COUPLING` (`amplification`: `PERSISTENT_SPIN_COUPLING`), measured on an H200."""
 
     def __post_init__(self) -> None:
         for name, (lo, hi, kind) in _RANGES.items():
