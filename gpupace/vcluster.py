@@ -13,6 +13,7 @@ triton and cupy; nothing here runs on a CPU.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,9 +206,12 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     (`gpupace.sim.scenario.H200_BMM_COUPLING` and `H200_MM_COUPLING`, of five runs), the
     fraction of throughput lost, 1 - with / alone. Each throughput is the median of `rounds`
     timings of at least `window_ms` (`reps` loads or more), the rounds taking every case in
-    turn, and `nothing` is a control: a timing with no spinner, as the others are taken, whose
-    coupling says how far timings alone scatter (the runs of 2026-11-30 took one timing of
-    ~1 ms a case: the one-warp coupling scattered 1.2-6.0% over five runs).
+    turn, each round from another case, each case after the same rest (the GPU idle for the
+    length of a spinner's hold, as after a spinner: a rested GPU may run faster), and `nothing`
+    is a control: a timing with no spinner, taken as "alone" is, whose coupling says how far
+    timings alone scatter (the runs of 2026-11-30 took one timing of ~1 ms a case: the
+    one-warp coupling scattered 1.2-6.0% over five runs). `{load}spinners_held` says whether
+    every spinner outlasted its window (a spin's applied delay, a barrier's timeout).
     Two loads, keys prefixed by theirs: `mm`, [size x size] matmuls, whose cuBLAS kernels on
     Hopper may be persistent (one CTA per SM, each looping over tiles), so that a CTA slowed
     beside a spinner becomes the kernel's tail; and `bmm`, batched small matmuls whose grid is
@@ -229,6 +233,8 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     batch, small = 512, 256  # 512 x 64 tiles of 32 x 32 at least: many times any SM count
     p = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
     q = torch.randn(batch, small, small, device=dev, dtype=torch.bfloat16)
+    from gpupace.kernels.spin import HARD_CAP_US
+
     loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3),
              "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3)}  # flops a call
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
@@ -248,40 +254,57 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
         timed(reps)  # warm-up: cuBLAS handles, clocks
         calls = max(reps, math.ceil(window_ms * 1e-3 * reps / timed(reps)))
         flops = flops_per_call * calls
-        hold_us = 3 * timed(calls) * 1e6  # the spinner outlasts the load
+        window_s = timed(calls)
+        hold_us = 3 * window_s * 1e6  # the spinner outlasts the load
+        if hold_us >= HARD_CAP_US:
+            raise ValueError(f"a spinner must outlast its window 3x within the spin's hard cap "
+                             f"({HARD_CAP_US:.0f} us): window_ms must be under "
+                             f"{HARD_CAP_US / 3e3:.0f}, got {window_ms} ({name}: "
+                             f"{window_s * 1e3:.1f} ms)")
         delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
+        held: list[torch.Tensor] = []  # 1 where a spinner outlasted its window
 
-        def barrier_of(k: int, hold_us: float = hold_us):
+        def barrier_of(k: int, hold_us: float = hold_us, held: list = held):
             def start() -> None:
                 count = torch.zeros(1, dtype=torch.int32, device=dev)
-                flag = torch.zeros(1, dtype=torch.int32, device=dev)
+                flag = torch.zeros(1, dtype=torch.int32, device=dev)  # 1: held to its timeout
                 barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps,
                                 timeout_us=hold_us)
+                held.append(flag)
             return start
 
-        def spin_of(backoff: int, delay: torch.Tensor = delay, hold_us: float = hold_us):
-            return lambda: spin.spin(delay, applied, reads, clk, cap_us=hold_us,
-                                     backoff_ns=backoff)
+        def spin_of(backoff: int, delay: torch.Tensor = delay, hold_us: float = hold_us,
+                    window_us: float = window_s * 1e6, held: list = held):
+            def start() -> None:
+                spin.spin(delay, applied, reads, clk, cap_us=hold_us, backoff_ns=backoff)
+                held.append((applied >= window_us).int())
+            return start
 
-        spinners = {"with_nothing": lambda: None}  # the control: timings alone scatter
-        spinners.update({f"with_{k}_cta_spin": barrier_of(k) for k in ctas})
-        spinners["with_one_warp_spin"] = spin_of(0)
-        spinners.update({f"with_one_warp_spin_sleep_{ns}ns": spin_of(ns) for ns in backoffs_ns})
-        for launch in spinners.values():  # compiled before any timing
-            launch()
+        cases = {"alone": None, "with_nothing": None}  # the second: the control
+        cases.update({f"with_{k}_cta_spin": barrier_of(k) for k in ctas})
+        cases["with_one_warp_spin"] = spin_of(0)
+        cases.update({f"with_one_warp_spin_sleep_{ns}ns": spin_of(ns) for ns in backoffs_ns})
+        for launch in cases.values():  # compiled before any timing
+            if launch is not None:
+                launch()
         torch.cuda.synchronize(dev)
-        times: dict[str, list[float]] = {"alone": [], **{key: [] for key in spinners}}
-        for _ in range(rounds):
-            times["alone"].append(timed(calls))
-            for key, launch in spinners.items():
-                with torch.cuda.stream(side):
-                    launch()
+        held.clear()
+        keys = list(cases)
+        times: dict[str, list[float]] = {key: [] for key in keys}
+        for r in range(rounds):
+            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+                time.sleep(hold_us * 1e-6)  # the same rest before every case
+                launch = cases[key]
+                if launch is not None:
+                    with torch.cuda.stream(side):
+                        launch()
                 times[key].append(timed(calls))
                 torch.cuda.synchronize(dev)  # the spinner ends before the next case
         got = {key: flops / float(np.median(t)) / 1e12 for key, t in times.items()}
         prefix = "" if name == "mm" else f"{name}_"  # the mm keys as before
         out[f"{prefix}spin_hold_us"] = hold_us
         out[f"{prefix}reps"] = calls
+        out[f"{prefix}spinners_held"] = bool(all(int(h.item()) == 1 for h in held))
         out.update({f"{prefix}matmul_{k}_tflops": v for k, v in got.items()})
         out.update({f"{prefix}coupling_{k[5:]}": 1.0 - v / got["alone"]
                     for k, v in got.items() if k.startswith("with_")})

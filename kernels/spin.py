@@ -141,8 +141,10 @@ def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: t
     is the device check's question (`vcluster.spin_coupling`); not yet measured on a GPU,
     so the engine's spins do not use it."""
     n = max_reads_for(cap_us) if max_reads is None else int(max_reads)
-    if not 0 <= backoff_ns <= MAX_BACKOFF_NS:
-        raise ValueError(f"backoff_ns must be in [0, {MAX_BACKOFF_NS}], got {backoff_ns}")
+    if isinstance(backoff_ns, bool) or not isinstance(backoff_ns, int) \
+            or not 0 <= backoff_ns <= MAX_BACKOFF_NS:
+        raise ValueError(f"backoff_ns must be an integer in [0, {MAX_BACKOFF_NS}], "
+                         f"got {backoff_ns!r}")
     _spin_kernel[(1,)](delay, applied, reads, clk, float(cap_us), n, int(fake_tick),
                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
                        BACKOFF=int(backoff_ns), num_warps=1)

@@ -62,9 +62,10 @@ def test_spin_with_backoff_keeps_the_clamp_and_bookkeeping(k, delay):
     assert got[:2] == pytest.approx(expected_applied(delay, 10.0, 1000))
 
 
-@pytest.mark.parametrize("backoff", [-1, 1_000_001])
+@pytest.mark.parametrize("backoff", [-1, 1_000_001, 256.5, True])
 def test_spin_refuses_a_backoff_nanosleep_cannot_take(k, backoff):
-    with pytest.raises(ValueError, match=f"backoff_ns must be in \\[0, 1000000\\], got {backoff}"):
+    with pytest.raises(ValueError, match=f"backoff_ns must be an integer in \\[0, 1000000\\], "
+                                         f"got {backoff!r}"):
         spin_once(k, 1.0, cap_us=10.0, backoff_ns=backoff)
 
 
