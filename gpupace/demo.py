@@ -257,7 +257,18 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
         out[side] = {k: rank0[side][k] for k in KEYS}
     b, p = out["baseline"]["throughput"], out["paced"]["throughput"]
     out["throughput_gain_pct"] = 100.0 * (p / b - 1.0) if b > 0 else float("nan")
+    phases = out["phase_throughput"] = dict(rank0["phase_throughput"])
+    out["phase_spread_pct"] = {side: phase_spread_pct(phases[f"{side}-1"], phases[f"{side}-2"])
+                               for side in ("baseline", "paced")}
     return out
+
+
+def phase_spread_pct(a: float, b: float) -> float:
+    """How far two phases of one side differ in throughput, in % of their mean: they ran the
+    same code, so this is the machine's noise (and drift over the run: ABBA puts a side's
+    phases at its two ends or in its middle)."""
+    mean = 0.5 * (a + b)
+    return 100.0 * abs(a - b) / mean if mean > 0 else float("nan")
 
 
 NO_CHANGE_COLUMN = ("delay_mean", "active_fraction", "delayed_fraction")
@@ -276,6 +287,10 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
     for side in ("baseline", "paced"):
         lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
+    spread = r["phase_spread_pct"]
+    lines.append(f"the two phases of one side, the same code, differ in throughput by "
+                 f"{spread['baseline']:.1f}% (baseline) and {spread['paced']:.1f}% (paced): "
+                 "a change of about that size is this machine's noise")
     if r["paced"]["delayed_fraction"] == 0:
         lines.append("pacing delayed nobody: the two sides ran the same code, so their "
                      "differences are this machine's noise")

@@ -146,15 +146,21 @@ def telemetry_files(telemetry_dir: str | None) -> list[str | None]:
 
 def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str | None,
              **kwargs: Any) -> dict[str, Any]:
-    """The four phases; returns the summary of each side over both of its phases."""
+    """The four phases; returns the summary of each side over both of its phases, and each
+    phase's throughput (`phase_throughput`: the two phases of a side ran the same code, so
+    their difference gauges this machine's noise)."""
     half = schedule.shape[0] // 2
+    samples = kwargs["batch"] * world
     records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}
+    phase_throughput = {}
     for (side, mode, k), path in zip(PHASES, telemetry_files(telemetry_dir), strict=True):
         label = f"{side}-{k + 1}"
-        records[side] += train(rank, world, mode=mode, label=label, telemetry_path=path,
-                               schedule=schedule[k * half:(k + 1) * half], **kwargs)
+        recs = train(rank, world, mode=mode, label=label, telemetry_path=path,
+                     schedule=schedule[k * half:(k + 1) * half], **kwargs)
+        records[side] += recs
+        phase_throughput[label] = summarize(recs, world, samples)["throughput"]
         dist.barrier()
-    out = {}
-    for side, recs in records.items():
-        out[side] = summarize(recs, world, kwargs["batch"] * world)
+    out: dict[str, Any] = {side: summarize(recs, world, samples)
+                           for side, recs in records.items()}
+    out["phase_throughput"] = phase_throughput
     return out
