@@ -264,9 +264,9 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
 
 
 def phase_spread_pct(a: float, b: float) -> float:
-    """How far two phases of one side differ in throughput, in % of their mean: they ran the
-    same code, so this is the machine's noise (and drift over the run: ABBA puts a side's
-    phases at its two ends or in its middle)."""
+    """How far two phases of one side differ in throughput, in % of their mean. The baseline's
+    ran the same code at the run's two ends: their difference is the machine's noise and
+    drift. The paced phases' also holds how differently two fresh pacers settled."""
     mean = 0.5 * (a + b)
     return 100.0 * abs(a - b) / mean if mean > 0 else float("nan")
 
@@ -288,9 +288,9 @@ def format_table(r: dict[str, Any]) -> str:
     for side in ("baseline", "paced"):
         lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
     spread = r["phase_spread_pct"]
-    lines.append(f"the two phases of one side, the same code, differ in throughput by "
-                 f"{spread['baseline']:.1f}% (baseline) and {spread['paced']:.1f}% (paced): "
-                 "a change of about that size is this machine's noise")
+    lines.append(f"the two baseline phases, the same code at the run's two ends, differ in "
+                 f"throughput by {spread['baseline']:.1f}%: a change of about that size is this "
+                 f"machine's noise (the two paced phases differ by {spread['paced']:.1f}%)")
     if r["paced"]["delayed_fraction"] == 0:
         lines.append("pacing delayed nobody: the two sides ran the same code, so their "
                      "differences are this machine's noise")
