@@ -1,7 +1,10 @@
 """The report's lost-time split against each cause's cost in the simulator, where the causes
 are known: each preset runs without pacing, `gpupace report`'s diagnosis reads its telemetry,
-and the same run (same seed, same draws) runs again with one cause switched off at a time;
-the mean step time that saves is what the cause cost. The report should rank them alike.
+and the same run runs again with one cause switched off at a time, every other random draw
+kept (the simulator draws from one generator, so a cause is switched off by taking its effect
+away, not its draws: `noise_sigma=0` would have shifted the stalls, contention and regimes
+drawn after it); the mean step time that saves, over the steps the report measures, is what
+the cause cost. The report should rank them alike. "all" switches every cause off at once.
 
 Causes switched off, and the report's mode each one should show up in:
   locality  fixed per-rank offsets (placement, input)     -> locality
@@ -11,16 +14,13 @@ Causes switched off, and the report's mode each one should show up in:
                                                               for the part the coupling spreads)
   regimes   communication-bound regimes                    -> runtime_jitter
   coupling  waiting collectives slow overlapping compute   -> sync_amplification
-The savings do not add up: causes compound (a stall costs more where the coupling passes it
-on, a late rank more where the others' noise is already paid). And the report measures lost
-time against the run's own fastest steps (5th percentile), so a cost that every step pays
-stays inside its ideal step: that is the gap this benchmark shows.
+The report measures lost time against the run's own fastest steps (5th percentile), so a cost
+that every step pays stays inside its ideal step: that is the gap this benchmark shows.
 
     python bench/sim_attribution.py [--presets mixed,paper] [--nodes N] [--steps N]
                                     [--seeds N] [--out DIR]
 
-Figures in ms per step, over the measured steps (the report's: warm-up left out; the
-simulator's: the second half). Built on `bench/harness.py`.
+Figures in ms per step, over the steps the report measures. Built on `bench/harness.py`.
 """
 
 from __future__ import annotations
@@ -36,22 +36,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
 
-# cause -> the Scenario fields that switch it off
+TINY = 1e-12  # a size that keeps a random process drawn and takes its effect away
+MAX_NODES = 512
+MAX_STEPS = 100_000
+
+
+def _has_locality(sc) -> bool:
+    return any(sc.locality_pattern_us) or any(sc.input_pattern_us) or sc.rank_speed_sigma > 0
+
+
+# cause -> (whether the scenario has it, the fields that take its effect away, draws kept)
 CAUSES = {
-    "locality": lambda sc: dict(locality_pattern_us=(0.0,) * len(sc.locality_pattern_us),
-                                input_pattern_us=(0.0,) * len(sc.input_pattern_us),
-                                rank_speed_sigma=0.0),
-    "fabric": lambda sc: dict(oversubscription=1.0, contention_mean=0.0),
-    "noise": lambda sc: dict(noise_sigma=0.0),
-    "stalls": lambda sc: dict(spike_prob=0.0),
-    "regimes": lambda sc: dict(regime_on_prob=0.0),
-    "coupling": lambda sc: dict(coupling=0.0, paced_coupling=0.0),
+    "locality": (_has_locality,
+                 lambda sc: dict(locality_pattern_us=(0.0,) * len(sc.locality_pattern_us),
+                                 input_pattern_us=(0.0,) * len(sc.input_pattern_us),
+                                 rank_speed_sigma=min(sc.rank_speed_sigma, TINY))),
+    "fabric": (lambda sc: sc.oversubscription > 1 or sc.contention_mean > 0,
+               lambda sc: dict(oversubscription=1.0,
+                               contention_mean=min(sc.contention_mean, TINY))),
+    "noise": (lambda sc: sc.noise_sigma > 0, lambda sc: dict(noise_sigma=TINY)),
+    "stalls": (lambda sc: sc.spike_prob > 0, lambda sc: dict(spike_us=TINY)),
+    "regimes": (lambda sc: sc.regime_on_prob > 0 and sc.regime_comm_factor != 1.0,
+                lambda sc: dict(regime_comm_factor=1.0)),
+    "coupling": (lambda sc: sc.coupling > 0 or sc.paced_coupling > 0,
+                 lambda sc: dict(coupling=0.0, paced_coupling=0.0)),
 }
 
 
-def mean_step_ms(res) -> float:
-    st = res.step_us[res.steps // 2:]
-    return float(np.nanmean(st)) / 1e3
+def switched_off(sc, causes: list[str]):
+    """`sc` with `causes` switched off, every random draw kept."""
+    changes: dict = {}
+    for cause in causes:
+        changes.update(CAUSES[cause][1](sc))
+    return sc.replace(**changes)
+
+
+def mean_step_ms(res, first: int) -> float:
+    """The mean step time (ms) from step `first` on (the report's measured steps)."""
+    return float(np.nanmean(res.step_us[first:])) / 1e3
 
 
 def bench_preset(h: Harness, preset: str, nodes: int, steps: int, seeds: int) -> None:
@@ -73,13 +95,13 @@ def bench_preset(h: Harness, preset: str, nodes: int, steps: int, seeds: int) ->
         for m in d.modes:
             split.setdefault(m.mode, []).append(m.lost_us / n / 1e3)
         split.setdefault("unattributed", []).append(d.summary["unattributed_us"] / n / 1e3)
-        ref = mean_step_ms(base)
-        for cause, off in CAUSES.items():
-            changes = off(sc)
-            if all(getattr(sc, k) == v for k, v in changes.items()):
-                continue  # not in this preset
-            alt = simulate(sc.replace(**changes), "none", steps=steps, seed=seed)
-            cost.setdefault(cause, []).append(ref - mean_step_ms(alt))
+        first = d.summary["warmup_steps_left_out"]
+        ref = mean_step_ms(base, first)
+        present = [cause for cause, (has, _) in CAUSES.items() if has(sc)]
+        for cause in present + (["all"] if len(present) > 1 else []):
+            alt = simulate(switched_off(sc, present if cause == "all" else [cause]), "none",
+                           steps=steps, seed=seed)
+            cost.setdefault(cause, []).append(ref - mean_step_ms(alt, first))
     case = {"preset": preset, "ranks": sc.ranks, "steps": steps, "seeds": seeds}
     for mode, v in split.items():
         h.record("report_split", {**case, "mode": mode}, v, metric="lost per step", unit="ms")
@@ -99,15 +121,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write result files to this folder")
     args = ap.parse_args(argv)
     require_positive(ap, args, "nodes", "seeds")
-    if args.steps < 100:
-        ap.error(f"--steps must be at least 100 (the report needs 30 measured steps, the "
-                 f"simulator's figures use the second half), got {args.steps}")
+    if args.nodes > MAX_NODES:
+        ap.error(f"--nodes must be <= {MAX_NODES}, got {args.nodes}")
+    if not 100 <= args.steps <= MAX_STEPS:
+        ap.error(f"--steps must be in [100, {MAX_STEPS}] (the report needs 30 measured steps), "
+                 f"got {args.steps}")
     from gpupace.sim.presets import PRESETS
 
-    names = [p for p in args.presets.split(",") if p]
+    names = [p.strip() for p in args.presets.split(",") if p.strip()]
     unknown = [p for p in names if p not in PRESETS]
     if not names or unknown:
-        ap.error(f"--presets must name presets of {sorted(PRESETS)}, got {args.presets!r}")
+        ap.error(f"--presets must name presets of {sorted(PRESETS)}, got "
+                 f"{', '.join(map(repr, unknown)) or 'none'} in {args.presets!r}")
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--out must be a folder that can be written, got {str(args.out)!r}: {e}")
     h = Harness("sim_attribution", machine=Machine.probe(), out_dir=args.out or RESULTS_DIR)
     for preset in names:
         bench_preset(h, preset, args.nodes, args.steps, args.seeds)
