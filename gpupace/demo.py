@@ -260,7 +260,14 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
     phases = out["phase_throughput"] = dict(rank0["phase_throughput"])
     out["phase_spread_pct"] = {side: phase_spread_pct(phases[f"{side}-1"], phases[f"{side}-2"])
                                for side in ("baseline", "paced")}
+    # ABBA: each paced phase against the baseline phase next to it
+    out["pair_gain_pct"] = [gain_pct(phases[f"baseline-{k}"], phases[f"paced-{k}"])
+                            for k in (1, 2)]
     return out
+
+
+def gain_pct(before: float, after: float) -> float:
+    return 100.0 * (after / before - 1.0) if before > 0 else float("nan")
 
 
 def phase_spread_pct(a: float, b: float) -> float:
@@ -287,17 +294,27 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
     for side in ("baseline", "paced"):
         lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
-    spread = r["phase_spread_pct"]
-    lines.append(f"the two baseline phases, the same code at the run's two ends, differ in "
-                 f"throughput by {spread['baseline']:.1f}%: a change of about that size is this "
-                 f"machine's noise (the two paced phases differ by {spread['paced']:.1f}%)")
+    lines.append(noise_line(r))
     if r["paced"]["delayed_fraction"] == 0:
         lines.append("pacing delayed nobody: the two sides ran the same code, so their "
                      "differences are this machine's noise")
-    elif r.get("cores") and r["world_size"] > r["cores"]:
-        lines.append(f"{r['world_size']} ranks share {r['cores']} cores: changes of several % "
-                     "can be noise; gauge it with --scenario random, where pacing delays nobody")
     return "\n".join(lines)
+
+
+def noise_line(r: dict[str, Any]) -> str:
+    """What this run says of its own noise: the baseline's two phases (the same code at the
+    run's two ends) against each other, and each paced phase against the baseline beside it."""
+    spread, pairs = r["phase_spread_pct"], r["pair_gain_pct"]
+    shared = (f"; {r['world_size']} ranks share {r['cores']} cores"
+              if r.get("cores") and r["world_size"] > r["cores"] else "")
+    if math.isfinite(spread["baseline"]):
+        gauge = (f"the two baseline phases, the same code at the run's two ends, differ in "
+                 f"throughput by {spread['baseline']:.1f}%: a change of about that size is this "
+                 f"machine's noise")
+    else:
+        gauge = "this machine's noise could not be gauged (a baseline phase had no throughput)"
+    each = ", ".join(f"{g:+.1f}%" if math.isfinite(g) else "n/a" for g in pairs)
+    return f"{gauge} (each paced phase against the baseline beside it: {each}{shared})"
 
 
 def _json_safe(obj: Any) -> Any:

@@ -49,9 +49,11 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
         a, b = phases[f"{side}-1"], phases[f"{side}-2"]
         assert result["phase_spread_pct"][side] == pytest.approx(200 * abs(a - b) / (a + b))
         assert min(a, b) <= result[side]["throughput"] <= max(a, b)  # the side's, over both
-    spread = result["phase_spread_pct"]
+    spread, pairs = result["phase_spread_pct"], result["pair_gain_pct"]
+    assert pairs == [pytest.approx(100 * (phases[f"paced-{k}"] / phases[f"baseline-{k}"] - 1))
+                     for k in (1, 2)]
     assert f"differ in throughput by {spread['baseline']:.1f}%: a change of about" in table
-    assert f"(the two paced phases differ by {spread['paced']:.1f}%)" in table
+    assert f"beside it: {pairs[0]:+.1f}%, {pairs[1]:+.1f}%" in table
     assert result["baseline"]["delay_mean"] == 0.0  # observe mode never delays
     assert result["baseline"]["delayed_fraction"] == 0.0
     # Whether the pacer delays anyone here is up to this machine: the injected work is compute
@@ -194,3 +196,19 @@ def test_unknown_scenario_is_refused_by_argparse(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--scenario", "chaos"])
     assert "invalid choice: 'chaos'" in capsys.readouterr().err
+
+
+def test_the_noise_line_says_when_a_phase_gave_no_throughput():
+    from gpupace.demo import noise_line
+
+    r = {"phase_spread_pct": {"baseline": 4.25, "paced": 1.0}, "pair_gain_pct": [2.0, -1.5],
+         "world_size": 4, "cores": 2}
+    assert noise_line(r) == ("the two baseline phases, the same code at the run's two ends, "
+                             "differ in throughput by 4.2%: a change of about that size is this "
+                             "machine's noise (each paced phase against the baseline beside it: "
+                             "+2.0%, -1.5%; 4 ranks share 2 cores)")
+    r.update(phase_spread_pct={"baseline": float("nan"), "paced": 1.0},
+             pair_gain_pct=[float("nan"), 3.0], cores=8)
+    assert noise_line(r) == ("this machine's noise could not be gauged (a baseline phase had no "
+                             "throughput) (each paced phase against the baseline beside it: "
+                             "n/a, +3.0%)")
