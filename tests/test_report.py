@@ -442,6 +442,45 @@ def test_regimes_blurred_by_fabric_contention_are_found_step_by_step(tmp_path, s
     assert share["runtime_jitter"] > share["fabric_contention"], share
 
 
+def _no_regime_series() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    flat = np.full(2000, 1000.0)
+    dips = flat.copy()
+    dips[[1200, 1600]] = 400.0  # each return to the level is no jump up
+    spike = flat.copy()
+    spike[500:502] = [1800.0, 1300.0]  # back below halfway after one step
+    shift = flat.copy()
+    shift[1200:] *= 2.0  # never comes back: a shift of level
+    shift[300:310] *= 3.0
+    return {"dips": dips, "spike": spike, "shift": shift,
+            "heavy tail": 1000 * np.exp(0.05 * rng.standard_t(1.5, 2000)),
+            "pareto spikes": 1000 + 50 * rng.pareto(1.5, 2000),
+            "drift": 1000 * np.exp(0.5 * np.sin(np.arange(2000) / 100)),
+            "flip": 1000 * np.where(np.arange(2000) % 2, 1.0, 2.0)}
+
+
+@pytest.mark.parametrize("name", list(_no_regime_series()))
+def test_no_regimes_are_found_in_spikes_dips_drift_or_a_shift(name):
+    from gpupace.report.diagnose import _regimes
+
+    found, hi, info = _regimes(_no_regime_series()[name])
+    assert not found and not hi.any(), info  # a review found regimes in each of these
+
+
+def test_regimes_keep_their_steps_across_a_gap_and_at_the_end():
+    from gpupace.report.diagnose import _regimes
+
+    x = np.full(400, 1000.0)
+    for a in (50, 120, 200, 280):
+        x[a:a + 10] = 3000.0
+    x[125] = np.nan  # unknown: the last known value carries
+    x[392:] = 3000.0  # the run ends in a regime
+    found, hi, info = _regimes(x)
+    want = np.isfinite(x) & (x > 2000) | (np.arange(400) == 125)
+    assert found and info["switches"] == 5 and info["level_ratio"] == pytest.approx(3.0)
+    np.testing.assert_array_equal(hi, want)
+
+
 def test_lateness_is_behind_the_median_rank_or_the_earliest_of_two():
     """One rule for the locality offsets, the steps that paid them and the heatmap: behind the
     median rank, behind the earliest at 2 ranks (the median would halve the offset); a NaN
