@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -164,26 +163,28 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, float]]:
     d = np.diff(lx)
     mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
     thr = max(REGIME_Z * mad, math.log(REGIME_MIN_RATIO))
-    stretches, jumps, low = [], [], deque(maxlen=REGIME_BASE)
-    i, high_until, open_end = 1, 0, None
-    while i < x.size:
-        if i - 1 >= high_until:  # the level outside regimes
-            low.append(lx[i - 1])
+    stretches, jumps, open_end, high_until = [], [], None, 0
+    for i in np.flatnonzero(d > thr) + 1:  # the one-step jumps up, in order
+        if i < high_until:
+            continue  # inside the last stretch
+        # the level outside regimes: the last REGIME_BASE steps before i outside stretches
+        low = lx[max(high_until, i - REGIME_BASE):i]
+        if low.size < REGIME_BASE and stretches:
+            a0 = stretches[-1][0]
+            low = np.concatenate([lx[max(0, a0 - REGIME_BASE + low.size):a0], low])
         base = float(np.median(low))
-        if d[i - 1] > thr and lx[i] - base > thr:
-            back = base + 0.5 * (lx[i] - base)
-            j = i + 1
-            while j < x.size and lx[j] > back:
-                j += 1
-            if j < x.size and j - i >= 2:
-                stretches.append((i, j))
-                jumps.append(lx[i] - base)
-                high_until = j
-            elif j == x.size:
-                open_end = (i, j)
-            i = j
-        else:
-            i += 1
+        if lx[i] - base <= thr:
+            continue  # back from a dip, not up from the level
+        back = base + 0.5 * (lx[i] - base)
+        below = np.flatnonzero(lx[i + 1:] <= back)
+        if below.size == 0:
+            open_end = (int(i), x.size)  # never came back
+            break
+        j = int(i + 1 + below[0])
+        if j - i >= 2:  # a stretch of one step is a spike
+            stretches.append((int(i), j))
+            jumps.append(lx[i] - base)
+            high_until = j
     # A stretch still high at the end is a regime the run ended in, if regimes came and went
     # before it and it is no longer than twice the longest of them; else a shift of level.
     if open_end is not None and len(stretches) >= 2 and \
