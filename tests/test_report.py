@@ -452,7 +452,10 @@ def _no_regime_series() -> dict[str, np.ndarray]:
     shift = flat.copy()
     shift[1200:] *= 2.0  # never comes back: a shift of level
     shift[300:310] *= 3.0
-    return {"dips": dips, "spike": spike, "shift": shift,
+    two_step = flat.copy()
+    for a in range(20, 2000, 50):
+        two_step[a:a + 2] = 3000.0  # 40 spikes of two steps
+    return {"dips": dips, "spike": spike, "shift": shift, "two-step spikes": two_step,
             "heavy tail": 1000 * np.exp(0.05 * rng.standard_t(1.5, 2000)),
             "pareto spikes": 1000 + 50 * rng.pareto(1.5, 2000),
             "drift": 1000 * np.exp(0.5 * np.sin(np.arange(2000) / 100)),
@@ -465,6 +468,21 @@ def test_no_regimes_are_found_in_spikes_dips_drift_or_a_shift(name):
 
     found, hi, info = _regimes(_no_regime_series()[name])
     assert not found and not hi.any(), info  # a review found regimes in each of these
+
+
+def test_regimes_after_a_shift_of_level_are_found():
+    from gpupace.report.diagnose import _regimes
+
+    x = np.full(2000, 1000.0)
+    truth = np.zeros(2000, dtype=bool)
+    for a in range(100, 1900, 95):  # 19 regimes of 10 steps at 3x
+        x[a:a + 10] *= 3.0
+        truth[a:a + 10] = True
+    x[50:] *= 2.0  # the level doubles for good before them (the search stopped there)
+    found, hi, info = _regimes(x)
+    assert found and info["switches"] == 19
+    np.testing.assert_array_equal(hi, truth)
+    np.testing.assert_allclose(info["step_ratio"][truth], 3.0)
 
 
 def test_regimes_keep_their_steps_across_a_gap_and_at_the_end():

@@ -86,6 +86,8 @@ SPIKE_IQR = 3.0
 REGIME_Z = 6.0  # a regime switch: a one-step change of the log transfer beyond this many MADs
 REGIME_MIN_RATIO = 1.5  # ... and by this factor at least
 REGIME_BASE = 5  # steps outside regimes whose median is the level a regime jumps from
+REGIME_MIN_LEN = 3  # steps of a regime at the least (shorter: a spike)
+REGIME_FULL_SWITCHES = 5  # regimes for the signature's full strength
 
 
 @dataclass(slots=True)
@@ -135,70 +137,89 @@ def _p(a: np.ndarray, q: float) -> float:
     return float(np.percentile(a, q)) if a.size else 0.0
 
 
-def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, float]]:
-    """Communication-bound regimes in the transfer time: a stretch opens where the log transfer
-    jumps up, in one step, by more than REGIME_Z robust sigmas of its step-to-step changes
-    (their MAD) and a factor REGIME_MIN_RATIO, both from the step before and from the level
-    outside regimes (the median of its last REGIME_BASE steps: a return from a dip is no jump);
-    it closes where the level comes back below halfway. A stretch of one step is a spike, one
-    that never comes back a shift of level (unless it is the last of several regimes, and no
-    longer than twice the longest): neither is a regime. Drift (a switch's load,
-    correlated step to step) moves the transfer a little each step and opens none; a split of
-    the transfer into two levels (before 2026-12-01) found no regimes where fabric contention
-    blurs them and filed their 1.0-1.6 ms a step on `paper` under fabric contention. Switching:
-    two stretches at least, high in 2% to 60% of the steps. Unknown steps carry the last known
-    value. Found on the simulator's presets: every regime step of `paper` and `jitter` but
-    regimes of one step (up to 4%), about two thirds of `mixed`'s at 64 nodes (its 2x jumps sit
-    near the threshold), a few steps beside them, none of `fabric` (10 seeds at 4 nodes, 2 at
-    8), `locality` or `amplification`."""
-    info = {"separation": 0.0, "high_fraction": 0.0, "level_ratio": 1.0, "switches": 0}
+def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
+    """Communication-bound regimes in the transfer time. A stretch opens where the log transfer
+    jumps up in one step by more than REGIME_Z robust sigmas of its step-to-step changes (their
+    MAD, over consecutive known steps) and a factor REGIME_MIN_RATIO, both from the step before
+    and from the level outside regimes (the median of its last REGIME_BASE steps: a return from
+    a dip is no jump); it closes at the first two steps in a row below halfway between that
+    level and the stretch's (the median of its first REGIME_MIN_LEN steps: an opening step may
+    overshoot). Not up by the threshold over those steps, or shorter, it is a spike; never
+    coming back, a new
+    level, from which the search goes on (unless it is the last of several regimes and no
+    longer than twice the longest). Drift (a switch's load, correlated step to step) opens
+    none; a split of the transfer into two levels (before 2026-12-01) found no regimes where
+    fabric contention blurs them and filed their 1.0-1.6 ms a step on `paper` under fabric
+    contention. Switching: two stretches at least, high in 2% to 60% of the steps. Unknown
+    steps carry the last known value. `info["step_ratio"]`: each step's factor (its stretch's
+    median over the level it jumped from; 1 outside). Found on the simulator's presets: every
+    regime step of `paper` and `jitter` but those of regimes under 3 steps (a few %), about
+    half to two thirds of `mixed`'s at 64 nodes (its 2x jumps sit near the threshold), none of
+    `fabric` (4 to 64 nodes), `locality` or `amplification`. Not found: regimes entered over
+    several steps, one already on at the first step, regimes high in over 60% of the steps,
+    and regimes below 6 MADs of the step changes (a noisy transfer, as on the demo's gloo runs,
+    where that is a 20-50x jump). Taken for regimes: heavy-tailed contention whose shocks rise
+    in one step and decay (a review's t(3) shocks, 3-10% of steps), a periodic square wave."""
+    info: dict[str, Any] = {"separation": 0.0, "high_fraction": 0.0, "level_ratio": 1.0,
+                            "switches": 0, "step_ratio": np.ones(x.size)}
     good = np.isfinite(x) & (x > 0)
-    hi = np.zeros(x.size, dtype=bool)
+    none = (False, np.zeros(x.size, dtype=bool), info)
     if good.sum() < MIN_STEPS:
-        return False, hi, info
+        return none
     last = np.where(good, np.arange(x.size), 0)
     np.maximum.accumulate(last, out=last)
     last[:int(np.argmax(good))] = int(np.argmax(good))  # before the first known: the first
     lx = np.log(x[last])
     d = np.diff(lx)
-    mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    known = d[good[1:] & good[:-1]]  # a carried step changes by 0 and would shrink the MAD
+    if known.size < MIN_STEPS // 2:
+        return none
+    mad = 1.4826 * float(np.median(np.abs(known - np.median(known))))
     thr = max(REGIME_Z * mad, math.log(REGIME_MIN_RATIO))
-    stretches, jumps, open_end, high_until = [], [], None, 0
+    n = x.size
+    stretches: list[tuple[int, int, float]] = []  # (first, end, log factor)
+    level_from, high_until, open_end = 0, 0, None
     for i in np.flatnonzero(d > thr) + 1:  # the one-step jumps up, in order
-        if i < high_until:
+        if i < max(high_until, level_from):
             continue  # inside the last stretch
-        # the level outside regimes: the last REGIME_BASE steps before i outside stretches
-        low = lx[max(high_until, i - REGIME_BASE):i]
-        if low.size < REGIME_BASE and stretches:
-            a0 = stretches[-1][0]
-            low = np.concatenate([lx[max(0, a0 - REGIME_BASE + low.size):a0], low])
+        low = lx[max(high_until, level_from, i - REGIME_BASE):i]
+        if low.size < REGIME_BASE and stretches and stretches[-1][0] > level_from:
+            a0 = stretches[-1][0]  # and before the last stretch, on this level
+            low = np.concatenate([lx[max(level_from, a0 - REGIME_BASE + low.size):a0], low])
         base = float(np.median(low))
         if lx[i] - base <= thr:
             continue  # back from a dip, not up from the level
-        back = base + 0.5 * (lx[i] - base)
-        below = np.flatnonzero(lx[i + 1:] <= back)
-        if below.size == 0:
-            open_end = (int(i), x.size)  # never came back
-            break
-        j = int(i + 1 + below[0])
-        if j - i >= 2:  # a stretch of one step is a spike
-            stretches.append((int(i), j))
-            jumps.append(lx[i] - base)
-            high_until = j
-    # A stretch still high at the end is a regime the run ended in, if regimes came and went
-    # before it and it is no longer than twice the longest of them; else a shift of level.
+        top = float(np.median(lx[i:i + REGIME_MIN_LEN]))  # the stretch's level
+        if top - base <= thr:
+            continue  # did not stay up: a spike
+        back = base + 0.5 * (top - base)
+        below = lx[i + 1:] <= back
+        closing = below.copy()
+        closing[:-1] &= below[1:]  # two in a row (the last step alone)
+        k = np.flatnonzero(closing)
+        if k.size == 0:  # never came back: a new level, or a regime the run ended in
+            open_end = (int(i), n, float(np.median(lx[i:])) - base)
+            level_from = int(i)
+            continue
+        j = int(i + 1 + k[0])
+        if j - i >= REGIME_MIN_LEN:
+            stretches.append((int(i), j, float(np.median(lx[i:j])) - base))
+            high_until, open_end = j, None
     if open_end is not None and len(stretches) >= 2 and \
-            open_end[1] - open_end[0] <= 2 * max(b - a for a, b in stretches):
+            open_end[1] - open_end[0] <= 2 * max(b - a for a, b, _ in stretches):
         stretches.append(open_end)
-    for a, b in stretches:
+    hi = np.zeros(n, dtype=bool)
+    ratio = np.ones(n)
+    for a, b, r in stretches:
         hi[a:b] = True
+        ratio[a:b] = math.exp(max(r, 0.0))
     frac = float(hi.mean())
     if len(stretches) < 2 or not 0.02 <= frac <= 0.6:
-        return False, np.zeros(x.size, dtype=bool), info
-    jump = float(np.median(jumps))
+        return none
+    jump = float(np.median([r for _, _, r in stretches]))
     return True, hi, {"separation": min(jump / mad, 1e3) if mad > 0 else 1e3,
                       "high_fraction": frac, "level_ratio": math.exp(jump),
-                      "switches": len(stretches)}
+                      "switches": len(stretches), "step_ratio": ratio}
 
 
 def coupling_index(run: Run, rows: np.ndarray | None = None) -> float:
@@ -440,14 +461,19 @@ def _diagnose(run: Run) -> Diagnosis:
     hi_raw = np.zeros(run.steps, dtype=bool)
     hi_raw[past_warmup] = hi_measured
     hi_raw &= np.isfinite(run.transfer)
-    hi = hi_raw.copy()
-    hi[1:] |= hi_raw[:-1] & follows(run)[1:]
-    hi = hi[ok]
+    ratio_raw = np.ones(run.steps)
+    ratio_raw[past_warmup] = reg_info["step_ratio"]
+    ratio_raw[~hi_raw] = 1.0
+    hi, ratio = hi_raw.copy(), ratio_raw.copy()
+    prev = follows(run)[1:]
+    hi[1:] |= hi_raw[:-1] & prev
+    ratio[1:] = np.maximum(ratio[1:], np.where(prev, ratio_raw[:-1], 1.0))
+    hi, ratio = hi[ok], ratio[ok]
     if regime:
-        # what the regime's factor added to each high step's transfer (the level drifts: one
+        # what each high step's regime factor added to its transfer (the level drifts: one
         # gap in us for all of them over-counted the steps of low contention, under-counted
-        # the others)
-        jump = np.where(hi, np.minimum(xfer * (1.0 - 1.0 / reg_info["level_ratio"]), b), 0.0)
+        # the others; one factor for all, the regimes of other factors)
+        jump = np.where(hi, np.minimum(xfer * (1.0 - 1.0 / ratio), b), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             jit_frac = np.where(b > 0, jump / b, 0.0)
     else:
@@ -544,7 +570,7 @@ def _diagnose(run: Run) -> Diagnosis:
     spike_share = (1.0 - coupling) * spike_loss / lost["runtime_jitter"] \
         if lost["runtime_jitter"] > 0 else 0.0
     jit_sig = max(min(1.0, max(0.0, tail - 3.0) / 6.0) if spike.any() else 0.0,
-                  1.0 if regime else 0.0)
+                  min(1.0, reg_info["switches"] / REGIME_FULL_SWITCHES) if regime else 0.0)
     jit_hist = np.bincount(strag[spike & (a > 0) & (strag >= 0)], minlength=run.world_size)
     jit_ranks = [int(r) for r in np.argsort(-jit_hist)[:5] if jit_hist[r] > 0]
     # As a step time: the ideal + the threshold on the excess, + the step's lead on the steps
