@@ -147,8 +147,8 @@ def telemetry_files(telemetry_dir: str | None) -> list[str | None]:
 def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str | None,
              **kwargs: Any) -> dict[str, Any]:
     """The four phases; returns the summary of each side over both of its phases, and each
-    phase's throughput (`phase_throughput`: the two phases of a side ran the same code, so
-    their difference gauges this machine's noise)."""
+    phase's throughput (`phase_throughput`: the baseline's two phases, the same code at the
+    run's two ends, gauge this machine's noise)."""
     half = schedule.shape[0] // 2
     samples = kwargs["batch"] * world
     records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}

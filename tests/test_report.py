@@ -455,7 +455,12 @@ def _no_regime_series() -> dict[str, np.ndarray]:
     two_step = flat.copy()
     for a in range(20, 2000, 50):
         two_step[a:a + 2] = 3000.0  # 40 spikes of two steps
+    shocks = np.zeros(3000)  # a switch's load, AR(1) with heavy-tailed shocks that decay
+    e = rng.standard_t(3, 3000)
+    for i in range(1, 3000):
+        shocks[i] = 0.95 * shocks[i - 1] + np.sqrt(1 - 0.95 ** 2) * e[i] / np.sqrt(3)
     return {"dips": dips, "spike": spike, "shift": shift, "two-step spikes": two_step,
+            "decaying shocks": 200 + 800 * (1 + 0.5 * np.exp(shocks - 0.5)),
             "heavy tail": 1000 * np.exp(0.05 * rng.standard_t(1.5, 2000)),
             "pareto spikes": 1000 + 50 * rng.pareto(1.5, 2000),
             "drift": 1000 * np.exp(0.5 * np.sin(np.arange(2000) / 100)),

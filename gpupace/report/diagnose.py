@@ -142,24 +142,24 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
     jumps up in one step by more than REGIME_Z robust sigmas of its step-to-step changes (their
     MAD, over consecutive known steps) and a factor REGIME_MIN_RATIO, both from the step before
     and from the level outside regimes (the median of its last REGIME_BASE steps: a return from
-    a dip is no jump); it closes at the first two steps in a row below halfway between that
-    level and the stretch's (the median of its first REGIME_MIN_LEN steps: an opening step may
-    overshoot). Not up by the threshold over those steps, or shorter, it is a spike; never
-    coming back, a new
-    level, from which the search goes on (unless it is the last of several regimes and no
-    longer than twice the longest). Drift (a switch's load, correlated step to step) opens
-    none; a split of the transfer into two levels (before 2026-12-01) found no regimes where
-    fabric contention blurs them and filed their 1.0-1.6 ms a step on `paper` under fabric
-    contention. Switching: two stretches at least, high in 2% to 60% of the steps. Unknown
-    steps carry the last known value. `info["step_ratio"]`: each step's factor (its stretch's
-    median over the level it jumped from; 1 outside). Found on the simulator's presets: every
-    regime step of `paper` and `jitter` but those of regimes under 3 steps (a few %), about
-    half to two thirds of `mixed`'s at 64 nodes (its 2x jumps sit near the threshold), none of
-    `fabric` (4 to 64 nodes), `locality` or `amplification`. Not found: regimes entered over
-    several steps, one already on at the first step, regimes high in over 60% of the steps,
-    and regimes below 6 MADs of the step changes (a noisy transfer, as on the demo's gloo runs,
-    where that is a 20-50x jump). Taken for regimes: heavy-tailed contention whose shocks rise
-    in one step and decay (a review's t(3) shocks, 3-10% of steps), a periodic square wave."""
+    a dip is no jump). Its level is the median of its first REGIME_MIN_LEN steps (an opening
+    step may overshoot): not up by the threshold there, it is a spike. It closes at the first
+    two steps in a row below halfway back to the level outside, and only a stretch that falls
+    there in one step by half its height or more is a regime (a shock that decays, as a
+    switch's load does, is not); a stretch shorter than REGIME_MIN_LEN is a spike; one that
+    never comes back is a new level, from which the search goes on (unless it is the last of
+    several regimes and no longer than twice the longest). Drift opens none. Switching: two
+    regimes at least, high in 2% to 60% of the steps. Unknown steps carry the last known value.
+    `info["step_ratio"]`: each step's factor (its regime's median over the level it jumped
+    from; 1 outside). A split of the transfer into two levels (before 2026-12-01) found no
+    regimes where fabric contention blurs them and filed their 1.0-1.6 ms a step on `paper`
+    under fabric contention. On the simulator's presets this finds, with no step wrong but a
+    handful: `jitter`'s and `paper`'s regimes at 8 nodes but those under 3 steps (2-4% of the
+    steps), 67-96% of `paper`'s at 64 nodes, 30-70% of `mixed`'s (its 2x regimes sit near the
+    threshold), and none on `fabric` (4 to 64 nodes), `locality` or `amplification`. Missed
+    (left to fabric contention): regimes entered or left over several steps, one already on at
+    the first step, regimes high in over 60% of the steps, and regimes below 6 MADs of the step
+    changes (a noisy transfer, as on the demo's gloo runs, where that is a 20-50x jump)."""
     info: dict[str, Any] = {"separation": 0.0, "high_fraction": 0.0, "level_ratio": 1.0,
                             "switches": 0, "step_ratio": np.ones(x.size)}
     good = np.isfinite(x) & (x > 0)
@@ -202,6 +202,9 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
             level_from = int(i)
             continue
         j = int(i + 1 + k[0])
+        if lx[j - 1] - lx[j] < 0.5 * (top - base):
+            high_until = j  # it faded rather than switched off: a shock, not a regime
+            continue
         if j - i >= REGIME_MIN_LEN:
             stretches.append((int(i), j, float(np.median(lx[i:j])) - base))
             high_until, open_end = j, None
