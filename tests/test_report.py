@@ -516,3 +516,20 @@ def test_lateness_is_behind_the_median_rank_or_the_earliest_of_two():
     e[1, 0] = np.nan
     np.testing.assert_array_equal(lateness(e)[1], [np.nan, -150.0, 150.0])
     np.testing.assert_array_equal(lateness(e)[0], [-400.0, 0.0, 500.0])
+
+
+def test_a_regime_after_a_fading_shock_is_measured_from_the_level_and_a_fading_end_is_none():
+    from gpupace.report.diagnose import _regimes
+
+    x = np.full(600, 1000.0)
+    for a in (100, 200, 300):
+        x[a:a + 10] = 3000.0
+    x[400:408] = [4000, 3000, 2300, 1800, 1600, 1600, 1600, 1600]  # a shock that fades
+    x[412:422] = 3000.0  # a regime right after it: 3x the level, not the shock's tail
+    found, hi, info = _regimes(x)
+    assert found and not hi[400:412].any()
+    np.testing.assert_allclose(info["step_ratio"][412:422], 3.0)
+    x[412:422] = 1000.0
+    x[590:] = np.geomspace(4000, 2100, 10)  # a shock the run ends in: not a regime
+    found, hi, info = _regimes(x)
+    assert found and info["switches"] == 3 and not hi[590:].any()

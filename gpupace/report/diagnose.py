@@ -88,6 +88,7 @@ REGIME_MIN_RATIO = 1.5  # ... and by this factor at least
 REGIME_BASE = 5  # steps outside regimes whose median is the level a regime jumps from
 REGIME_MIN_LEN = 3  # steps of a regime at the least (shorter: a spike)
 REGIME_FULL_SWITCHES = 5  # regimes for the signature's full strength
+REGIME_LOW_FACTOR = 0.6  # a stretch under this share of the usual log factor is not a regime
 
 
 @dataclass(slots=True)
@@ -159,7 +160,10 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
     threshold), and none on `fabric` (4 to 64 nodes), `locality` or `amplification`. Missed
     (left to fabric contention): regimes entered or left over several steps, one already on at
     the first step, regimes high in over 60% of the steps, and regimes below 6 MADs of the step
-    changes (a noisy transfer, as on the demo's gloo runs, where that is a 20-50x jump)."""
+    changes (a noisy transfer, as on the demo's gloo runs, where that is a 20-50x jump), and
+    any in a file where under half the consecutive steps are both known (one step in 2 or 3
+    recorded). Of three regimes or more, one far below the others' factor (under 0.6 of their
+    median log factor) is taken for a burst of contention."""
     info: dict[str, Any] = {"separation": 0.0, "high_fraction": 0.0, "level_ratio": 1.0,
                             "switches": 0, "step_ratio": np.ones(x.size)}
     good = np.isfinite(x) & (x > 0)
@@ -179,13 +183,15 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
     n = x.size
     stretches: list[tuple[int, int, float]] = []  # (first, end, log factor)
     level_from, high_until, open_end = 0, 0, None
+    span_from = -1  # where the last regime or faded shock began
     for i in np.flatnonzero(d > thr) + 1:  # the one-step jumps up, in order
         if i < max(high_until, level_from):
             continue  # inside the last stretch
         low = lx[max(high_until, level_from, i - REGIME_BASE):i]
-        if low.size < REGIME_BASE and stretches and stretches[-1][0] > level_from:
-            a0 = stretches[-1][0]  # and before the last stretch, on this level
-            low = np.concatenate([lx[max(level_from, a0 - REGIME_BASE + low.size):a0], low])
+        if low.size < REGIME_BASE and span_from > level_from:
+            # and before the last regime or shock, on this level (not its tail)
+            low = np.concatenate([lx[max(level_from, span_from - REGIME_BASE + low.size):
+                                     span_from], low])
         base = float(np.median(low))
         if lx[i] - base <= thr:
             continue  # back from a dip, not up from the level
@@ -197,11 +203,14 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
         closing = below.copy()
         closing[:-1] &= below[1:]  # two in a row (the last step alone)
         k = np.flatnonzero(closing)
-        if k.size == 0:  # never came back: a new level, or a regime the run ended in
-            open_end = (int(i), n, float(np.median(lx[i:])) - base)
+        if k.size == 0:  # never came back: a new level, or a regime the run ended in, if
+            # it still holds at the end (a shock the run ends in fades)
+            held = np.median(lx[-REGIME_MIN_LEN:]) >= top - 0.25 * (top - base)
+            open_end = (int(i), n, float(np.median(lx[i:])) - base) if held else None
             level_from = int(i)
             continue
         j = int(i + 1 + k[0])
+        span_from = int(i)
         if lx[j - 1] - lx[j] < 0.5 * (top - base):
             high_until = j  # it faded rather than switched off: a shock, not a regime
             continue
@@ -211,6 +220,9 @@ def _regimes(x: np.ndarray) -> tuple[bool, np.ndarray, dict[str, Any]]:
     if open_end is not None and len(stretches) >= 2 and \
             open_end[1] - open_end[0] <= 2 * max(b - a for a, b, _ in stretches):
         stretches.append(open_end)
+    if len(stretches) >= 3:  # a stretch far below the others' factor: a burst of contention
+        usual = float(np.median([r for _, _, r in stretches]))
+        stretches = [st for st in stretches if st[2] >= REGIME_LOW_FACTOR * usual]
     hi = np.zeros(n, dtype=bool)
     ratio = np.ones(n)
     for a, b, r in stretches:
