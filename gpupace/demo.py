@@ -256,7 +256,7 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
     for side in ("baseline", "paced"):
         out[side] = {k: rank0[side][k] for k in KEYS}
     b, p = out["baseline"]["throughput"], out["paced"]["throughput"]
-    out["throughput_gain_pct"] = 100.0 * (p / b - 1.0) if b > 0 else float("nan")
+    out["throughput_gain_pct"] = gain_pct(b, p)
     phases = out["phase_throughput"] = dict(rank0["phase_throughput"])
     out["phase_spread_pct"] = {side: phase_spread_pct(phases[f"{side}-1"], phases[f"{side}-2"])
                                for side in ("baseline", "paced")}
@@ -267,6 +267,7 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
 
 
 def gain_pct(before: float, after: float) -> float:
+    """The change from `before` to `after` in %; NaN without a `before` to compare with."""
     return 100.0 * (after / before - 1.0) if before > 0 else float("nan")
 
 

@@ -52,16 +52,20 @@ UNKNOWN_BACKEND_LOCALITY = (
     "whether {their} work is uneven")
 
 
+def _named(word: str, items: list[int]) -> str:
+    """'<word> 3', or '<word>s 1, 2, 5' (the first 8, then '...'), in the order given."""
+    shown = ", ".join(map(str, items[:8])) + (" ..." if len(items) > 8 else "")
+    return f"{word} {shown}" if len(items) == 1 else f"{word}s {shown}"
+
+
 def node_names(nodes: list[int]) -> str:
     """'node 1', or 'nodes 0, 3' (the first 8, then '...')."""
-    shown = ", ".join(map(str, nodes[:8])) + (" ..." if len(nodes) > 8 else "")
-    return f"node {shown}" if len(nodes) == 1 else f"nodes {shown}"
+    return _named("node", nodes)
 
 
 def rank_names(ranks: list[int]) -> str:
     """'rank 3', or 'ranks 1, 2, 5' (the first 8, then '...'), in the order given."""
-    shown = ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
-    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+    return _named("rank", ranks)
 
 
 def action(mode: str, ranks: list[int], backend: str = "", nodes: list[int] = ()) -> str:
