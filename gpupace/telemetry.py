@@ -11,7 +11,6 @@ A file is flushed every `telemetry_interval` steps, so a crash loses at most one
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import gc
 import json
@@ -237,7 +236,7 @@ def keep_aside(path: Path) -> Path | None:
 
 
 # The files this process's open writers write. A background writer stays open until closed
-# (its thread, atexit and multiprocessing hold it); a plain one dropped unclosed leaves.
+# (its thread and its exit finalizer hold it); a plain one dropped unclosed leaves.
 _writing: weakref.WeakValueDictionary[Path, TelemetryWriter] = weakref.WeakValueDictionary()
 
 
@@ -292,9 +291,9 @@ class TelemetryWriter:
             self._thread = threading.Thread(target=self._drain, name="gpupace-telemetry",
                                             daemon=True)
             self._thread.start()
-            atexit.register(self.close)
-            # A forked or fork-server child ends with os._exit, which runs no atexit handler,
-            # after multiprocessing's own finalizers: the queued records are written there.
+            # Run at interpreter exit by multiprocessing's own atexit hook, and at the end of a
+            # forked or fork-server child (os._exit, no atexit) by its bootstrap: either way
+            # the queued records are written.
             self._finalizer = multiprocessing.util.Finalize(None, self.close, exitpriority=0)
 
     def write(self, record: StepRecord) -> None:
@@ -365,7 +364,6 @@ class TelemetryWriter:
             self._queue.put(None)  # after every queued record
             self._thread.join()
             self._thread = None
-            atexit.unregister(self.close)
             self._finalizer.cancel()
         if self._file is not None:
             with self._lock:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -459,3 +460,19 @@ def test_a_writer_whose_close_fails_frees_its_path(tmp_path):
     with pytest.raises(OSError, match="No space left"):
         w.close()
     TelemetryWriter(path, make_header(source="test", world_size=2)).close()  # not "being written"
+
+
+def test_a_process_that_exits_without_closing_its_writer_still_writes_every_record(tmp_path):
+    """The main process's interpreter exit: multiprocessing's atexit hook runs the writer's
+    finalizer, which writes what is still queued (the forked case is the test above)."""
+    path = tmp_path / "t.jsonl"
+    script = (
+        "import sys; from gpupace.telemetry import TelemetryWriter, make_header\n"
+        "from tests.test_telemetry import record\n"
+        "w = TelemetryWriter(sys.argv[1], make_header(source='test', world_size=2), 1000,"
+        " background=True)\n"
+        "for k in range(3000): w.write(record(k))\n"  # queued faster than the thread writes
+    )
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=60,
+                   cwd=Path(__file__).resolve().parent.parent)
+    assert [r.step for r in read_telemetry(path).records] == list(range(3000))
