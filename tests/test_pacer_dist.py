@@ -101,13 +101,14 @@ def test_clock_free_estimator_matches_true_arrivals():
     assert np.mean(results[0][1]) >= 0.95
 
 
-def _ddp_run(rank, world, paced, telemetry):
+def _ddp_run(rank, world, paced, telemetry, bucket_view=False):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
     # 1.6 MB of parameters: DDP's first bucket holds 1 MB whatever bucket_cap_mb says.
     model = torch.nn.Sequential(torch.nn.Linear(32, 640), torch.nn.ReLU(), torch.nn.Linear(640, 600))
-    ddp = DDP(model, bucket_cap_mb=0.5)  # several buckets: several sites
+    # several buckets: several sites
+    ddp = DDP(model, bucket_cap_mb=0.5, gradient_as_bucket_view=bucket_view)
     pacer = Pacer(PaceConfig(mode="pace" if paced else "off", telemetry_path=telemetry,
                              telemetry_interval=3, warmup_steps=2))
     pacer.attach(ddp)  # with mode="off", nothing: the model keeps DDP's own reducer
@@ -139,6 +140,18 @@ def test_ddp_comm_hook_trains_like_plain_ddp_and_writes_telemetry(tmp_path):
     assert tel.header["world_size"] == 3 and len(tel.records) == 8 and not tel.skipped
     assert (tel.header["process_group_backend"], tel.header["pacer_backend"]) == ("gloo", "host")
     assert all(len(r.earliness_us) == 3 for r in tel.records)
+
+
+@pytest.mark.timeout(300)  # two 3-rank runs
+def test_ddp_comm_hook_with_gradient_as_bucket_view_trains_like_plain_ddp():
+    """Bit for bit with `gradient_as_bucket_view=True` too (the buckets are the gradients'
+    storage then, and the hook scales them in place)."""
+    plain = run_ranks(_ddp_run, 3, False, None, True)
+    paced = run_ranks(_ddp_run, 3, True, None, True)
+    for (p_plain, _), (p_paced, n_sites) in zip(plain, paced, strict=True):
+        assert n_sites >= 2
+        for a, b in zip(p_plain, p_paced, strict=True):
+            assert torch.equal(a, b), (a - b).abs().max()
 
 
 def _ddp_on_a_subgroup(rank, world):
