@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ALIASES:
         argv[0] = ALIASES[argv[0]]
     parser = argparse.ArgumentParser(
-        prog="gpupace", description="Measure, explain and damp synchronisation jitter in "
-        "data-parallel training.")
+        prog="gpupace", description="Measure and explain synchronisation jitter in "
+        "data-parallel training, and pace early ranks.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False,

@@ -30,7 +30,7 @@ class ClusterResults:
     """Per step and site (us): the true arrival spread from shared-clock stamps, the estimate
     from the clock-free estimator, the entry spread after pacing, the exit spread, and the
     delays applied. The estimator takes every rank to leave a collective at once, so its error
-    is at most that site's exit spread (DESIGN.md, measurement model)."""
+    is at most that site's exit spread (README, "How it measures")."""
 
     true_spread: np.ndarray  # [steps, sites]
     est_spread: np.ndarray  # [steps, sites]

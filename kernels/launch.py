@@ -1,9 +1,11 @@
 """Launching a Triton kernel on the hot path without the JIT's work on every call.
 
-The JIT binds, specialises and looks the kernel up at each call: 12.5 us of host time a
-launch of the exit stamp on the H200 machine of 2026-11-30 (Triton 3.6), against 6.3 us
-through the compiled kernel's own launcher and 6.3 us for a one-element torch add
-(`bench/launch_cost.py`); the update kernel, 40 arguments, took 42 us through the JIT there.
+The JIT binds, specialises and looks the kernel up at each call: 16-17 us of host time a
+launch of the exit stamp on the H200 machine of 2026-11-30 (Triton 3.6; 12.5 us in that
+evening's first run, 34 in a slow one), against 6.2-6.5 us through the compiled kernel's own
+launcher (11.2) and 6.1-6.4 us for a one-element torch add (10.1) (`bench/launch_cost.py`,
+in the five device checks' files of that evening, git history); the
+update kernel, 40 arguments, took 43 us through the JIT in that first run's quick GPU suite.
 
 `Hot` fixes every argument of a launch but one at most, which the kernel declares
 `do_not_specialize`. Its first call goes through the JIT, which compiles (or finds) the

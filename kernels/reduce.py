@@ -9,8 +9,8 @@ and d finite, >= 0 and < ABSURD_US, as `gpupace.policy.update` does) in a bit ma
 memory, sums it, and puts its step time into the median's sort, in shared memory too; phase 2
 gives each site a warp, or a group of warps where its ranks fill more (all of them for one site
 of a thousand ranks), that reduce over ranks with warp shuffles and meet in shared memory.
-Each phase waits on memory once: on the H200 a version that read validity and the step times
-back from memory took 3.25 us at 2 ranks. It is launched on torch's current stream through
+Each phase waits on memory once (on the H200 a version that read validity and the step times
+back from memory took 3.25 us at 2 ranks, this one 3.1-3.2: no gain measurable at that size). It is launched on torch's current stream through
 CuPy's view of it, into preallocated outputs, so it can be captured in a CUDA graph once
 `warmup` has compiled it. `reduce_reference` is its NumPy twin (float32, same tie
 rule: the lowest rank wins an argmin), which CPU tests check against the policy and GPU tests

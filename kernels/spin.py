@@ -2,7 +2,8 @@
 virtual cluster's compute stand-in (`skew_spin`).
 
 One program, one warp (`num_warps=1`): a paced rank delays by keeping one warp busy instead of
-the many CTAs an NCCL kernel would spin on (DESIGN.md, "Why pacing can raise throughput").
+the many CTAs an NCCL kernel would spin on (the coupling pacing works through: README,
+"What if the job ran on 512 GPUs").
 Every launch reads its delay from device memory, so the delay changes between CUDA-graph
 replays with no host work. Whatever the buffer holds (NaN, negative, huge), the delay is clamped
 inside the kernel to [0, min(cap_us, HARD_CAP_US)], and the loop also stops after a bounded
@@ -18,8 +19,10 @@ Buffers, shared with `stamp.py` and the device engine:
           (clock-free path only)
   usual   float32 [M]: each site's running mean arrival since the site's exit one step
           before (us; NaN: none yet), against which a planned delay is applied as a deadline
-Spin precision on an H200 (2026-11-30, bench/results): error p99 0.85-1.02 us by CUDA events
-against the target of one timer tick (32 ns) + 1 us; within 24 ns by the spin's own clock.
+Spin precision on an H200 (the tight loop, code of 975f711; bench/results, 2026-11-30): error
+p99 0.85-1.02 us by CUDA events in the last three device checks, against the target of one
+timer tick (32 ns) + 1 us; within 24 ns by the spin's own clock. The sleeping spin
+(`backoff_ns`): not yet measured on a GPU.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ MAX_RANKS = 65_536
 MAX_SPIKE_CLIP = 1e6  # the longest stall, in units of the Pareto scale
 # The spin coupling as the device check measured it (`gpupace.vcluster.spin_coupling`): the
 # share of a bf16 load's throughput lost while spinners run beside it on another stream, in
-# five device checks on one H200 within 40 minutes of 2026-11-30
+# five device checks on one H200 within 43 minutes of 2026-11-30
 # (bench/results/2026-11-30-nvidia-h200.json of commits 0d92b12, fdf5bba, c1a3d0a, 5750240 and
 # e6efad0, in that order). Two loads: batched small matmuls, which take whatever SMs are free
 # (the optimistic choice for a backward); and one large matmul, whose cuBLAS kernel is

@@ -97,7 +97,7 @@ def test_spin_coupling_figure(figures):
     assert all(np.isfinite(v) and v > 0 for k, v in out.items() if k.endswith("tflops")), out
     assert all(-0.5 < v < 1.0 for k, v in out.items() if "coupling_" in k), out
     assert out["spinners_held"] and out["bmm_spinners_held"], out  # each outlasted its window
-    # The premise of pacing on a GPU (DESIGN.md, "Why pacing can raise throughput"): a paced
+    # The premise of pacing on a GPU (README, "What if the job ran on 512 GPUs"): a paced
     # rank's one-warp spin takes less from the compute than an early NCCL kernel's 32 spinning
     # CTAs. On the batched load, which takes whatever SMs are free (a persistent matmul's
     # figure says how long a spinner holds an SM as much; it is recorded, not judged). A
