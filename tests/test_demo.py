@@ -68,6 +68,24 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     # rank 1 carries the injected work: it is the last arrival on most steady steps
     hist = result["baseline"]["straggler_histogram"]
     assert hist[1] > hist[0]
+    # `bench/demo_matrix.py` tabulates the JSON as the demo writes it (a figure that was not
+    # finite is null there: n/a)
+    from bench.demo_matrix import HEADER, markdown, noise_summary, row
+    from bench.harness import Machine
+
+    result["wall_s"] = 12.3
+    line = row(result)
+    assert line.count("|") == HEADER.splitlines()[0].count("|")
+    assert line.startswith("| persistent | sleep | ") and line.endswith("| 12 |")
+    assert f"| {result['throughput_gain_pct']:+.1f}% |" in line
+    assert f"| {spread['baseline']:.1f}% | {pairs[0]:+.1f}%, {pairs[1]:+.1f}% |" in line
+    noise = noise_summary([result])
+    assert noise["baseline_phases_apart_pct"] == [spread["baseline"]] * 2
+    assert noise["change_without_delays_pct"] == (
+        [result["throughput_gain_pct"]] * 2 if paced["delayed_fraction"] == 0 else None)
+    assert line in markdown(Machine.probe(), [result], noise)
+    result["throughput_gain_pct"] = None
+    assert "| n/a |" in row(result)
     delay_by_rank = np.zeros(2)
     for label in ("baseline-1", "paced-1", "paced-2", "baseline-2"):  # the four phases
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
