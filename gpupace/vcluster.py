@@ -211,7 +211,8 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     is a control: a timing with no spinner, taken as "alone" is, whose coupling says how far
     timings alone scatter (the runs of 2026-11-30 took one timing of ~1 ms a case: the
     one-warp coupling scattered 1.2-6.0% over five runs). `{load}spinners_held` says whether
-    every spinner outlasted its window (a spin's applied delay, a barrier's timeout).
+    every spinner outlasted the window timed beside it (a spin's applied delay, a barrier's
+    timeout): a load slowed more than 3x would outlast it.
     Two loads, keys prefixed by theirs: `mm`, [size x size] matmuls, whose cuBLAS kernels on
     Hopper may be persistent (one CTA per SM, each looping over tiles), so that a CTA slowed
     beside a spinner becomes the kernel's tail; and `bmm`, batched small matmuls whose grid is
@@ -262,22 +263,22 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
                              f"{HARD_CAP_US / 3e3:.0f}, got {window_ms} ({name}: "
                              f"{window_s * 1e3:.1f} ms)")
         delay = torch.tensor([hold_us], dtype=torch.float32, device=dev)
-        held: list[torch.Tensor] = []  # 1 where a spinner outlasted its window
+        # Each spinner's start returns how long it spun (us, on the device): a spinner held
+        # when that outlasted the window timed beside it, which a slowed load lengthens.
 
-        def barrier_of(k: int, hold_us: float = hold_us, held: list = held):
-            def start() -> None:
+        def barrier_of(k: int, hold_us: float = hold_us):
+            def start() -> torch.Tensor:
                 count = torch.zeros(1, dtype=torch.int32, device=dev)
                 flag = torch.zeros(1, dtype=torch.int32, device=dev)  # 1: held to its timeout
                 barrier.barrier(count, 1 << 30, flag, clk, ctas=k, warps=warps,
                                 timeout_us=hold_us)
-                held.append(flag)
+                return flag.float() * hold_us
             return start
 
-        def spin_of(backoff: int, delay: torch.Tensor = delay, hold_us: float = hold_us,
-                    window_us: float = window_s * 1e6, held: list = held):
-            def start() -> None:
+        def spin_of(backoff: int, delay: torch.Tensor = delay, hold_us: float = hold_us):
+            def start() -> torch.Tensor:
                 spin.spin(delay, applied, reads, clk, cap_us=hold_us, backoff_ns=backoff)
-                held.append((applied >= window_us).int())
+                return applied.clone()
             return start
 
         cases = {"alone": None, "with_nothing": None}  # the second: the control
@@ -288,23 +289,26 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
             if launch is not None:
                 launch()
         torch.cuda.synchronize(dev)
-        held.clear()
+        held: list[bool] = []  # per spinner timing: it outlasted its window
         keys = list(cases)
         times: dict[str, list[float]] = {key: [] for key in keys}
         for r in range(rounds):
             for key in keys[r % len(keys):] + keys[:r % len(keys)]:
                 time.sleep(hold_us * 1e-6)  # the same rest before every case
-                launch = cases[key]
+                launch, spun_us = cases[key], None
                 if launch is not None:
                     with torch.cuda.stream(side):
-                        launch()
-                times[key].append(timed(calls))
+                        spun_us = launch()
+                window = timed(calls)
+                times[key].append(window)
                 torch.cuda.synchronize(dev)  # the spinner ends before the next case
+                if spun_us is not None:
+                    held.append(float(spun_us.item()) >= window * 1e6)
         got = {key: flops / float(np.median(t)) / 1e12 for key, t in times.items()}
         prefix = "" if name == "mm" else f"{name}_"  # the mm keys as before
         out[f"{prefix}spin_hold_us"] = hold_us
         out[f"{prefix}reps"] = calls
-        out[f"{prefix}spinners_held"] = bool(all(int(h.item()) == 1 for h in held))
+        out[f"{prefix}spinners_held"] = all(held)
         out.update({f"{prefix}matmul_{k}_tflops": v for k, v in got.items()})
         out.update({f"{prefix}coupling_{k[5:]}": 1.0 - v / got["alone"]
                     for k, v in got.items() if k.startswith("with_")})
