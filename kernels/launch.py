@@ -70,7 +70,7 @@ class Hot:
     def __init__(self, fn: Any, grid: tuple[int, ...], args: list[Any], free: int | None,
                  meta: dict[str, Any]):
         self._fn, self._grid, self._args, self._free, self._meta = fn, grid, list(args), free, meta
-        self._compiled: Any = None  # kept: Triton unloads a CompiledKernel's module on __del__
+        self._compiled: Any = None  # kept: Triton 3.9 unloads its module on __del__ (3.6 never)
         self._run: Any = None  # its run, once bound without hooks
         self._head: tuple = ()  # what `run` takes before the stream: the grid
         self._tail: tuple = ()  # and after it: the function, its metadata, no hooks
