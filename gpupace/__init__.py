@@ -1,5 +1,5 @@
 """gpupace: measure every rank's arrival at each collective, show the coordination costs of a
-data-parallel job, and damp synchronisation jitter by delaying early ranks."""
+data-parallel job, and delay early ranks so that they enter each collective closer together."""
 
 from .config import PaceConfig
 from .integrations.ddp import ddp_comm_hook

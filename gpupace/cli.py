@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpupace", description="Measure and explain synchronisation jitter in "
         "data-parallel training, and pace early ranks.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"gpupace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False,

@@ -37,7 +37,10 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
 
     from .backends import device_backend_missing
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+    from . import __version__
+
+    info: dict[str, Any] = {"gpupace": __version__, "python": platform.python_version(),
+                            "torch": torch.__version__,
                             "torch_cuda": torch.version.cuda, "cuda_available": False,
                             "gpus": [], "nccl": None}
     cuda = torch.cuda.is_available()
@@ -122,7 +125,7 @@ def format_text(info: dict[str, Any]) -> str:
         lines.append(f"  backend {name:<7} {status}{note}")
     lines.append("")
     gpus = ", ".join(info["gpus"]) or "none"
-    rows = [("python", info["python"]), ("torch", info["torch"]),
+    rows = [("gpupace", info["gpupace"]), ("python", info["python"]), ("torch", info["torch"]),
             ("CUDA (torch build)", info["torch_cuda"] or "none (CPU build)"),
             ("CUDA available", "yes" if info["cuda_available"] else "no"), ("GPUs", gpus),
             ("NCCL", info["nccl"] or "n/a"),

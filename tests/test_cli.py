@@ -18,3 +18,18 @@ def test_help_exits_0_and_an_unknown_command_2(capsys):
     with pytest.raises(SystemExit) as e:
         main(["dmeo"])
     assert e.value.code == 2 and "invalid choice: 'dmeo'" in capsys.readouterr().err
+
+
+def test_version_and_python_dash_m(capsys):
+    import subprocess
+    import sys
+
+    import gpupace
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"gpupace {gpupace.__version__}\n"
+    # where the console script is not on PATH
+    out = subprocess.run([sys.executable, "-m", "gpupace", "--version"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == f"gpupace {gpupace.__version__}\n"
