@@ -426,6 +426,42 @@ def test_host_engine_applies_its_delay_as_a_deadline():
     assert waited >= applied, (waited, applied)  # waited out, not only recorded
 
 
+def test_an_exit_stamp_still_running_on_another_thread_when_step_comes_is_waited_for():
+    """A work's future runs its callbacks on the thread that completes it (gloo's), and DDP
+    waits on another callback of it: step() may come while the exit stamp is still running
+    there (one step of the README's loop in ~3000 went unmeasured, with a warning that told a
+    DDP user to wait on work they never issued). Here the stamp takes 0.3 s on that thread."""
+    import threading
+    import warnings
+
+    import torch
+
+    from gpupace.backends.host import HostEngine
+
+    eng = HostEngine(PaceConfig(mode="observe"), None, 0, 1)
+    stamp = eng.exit
+
+    def slow_exit(ticket):
+        time.sleep(0.3)
+        stamp(ticket)
+
+    eng.exit = slow_exit
+    done = torch.futures.Future()
+
+    class Work:  # what `leave` takes of a c10d Work: its future
+        def get_future(self):
+            return done
+
+    eng.leave(eng.arrive(), Work())
+    threading.Thread(target=done.set_result, args=(None,)).start()  # completes, then stamps
+    while not done.done():
+        time.sleep(0.001)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the "had not completed" warning fails the test
+        eng.end_step(0, 0.0)
+    assert eng._last_exit_ns[0] > 0 and eng._prev_exit0 is not None  # stamped in that step
+
+
 @pytest.mark.parametrize("delay_us", [0.0, 150.0, 5_000.0])
 def test_sleep_then_spin_waits_at_least_the_delay_and_says_how_long(delay_us):
     """150 us is spun alone (under SPIN_TAIL_US); 5 ms sleeps first, then spins the tail."""
