@@ -331,9 +331,24 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
                                           (by_label["none-1"], by_label["gpupace-1"])])
     lone = [r for r in runs if r.label != "none-1"]  # the 4-rank paced run has no baseline
     assert [(lone[i].label, lone[j].label) for i, j in pairs(lone)] == [("none-2", "gpupace-2")]
-    two = [by_label["none-2"], by_label["gpupace-1"]]  # two runs given: the second vs the first
-    assert pairs([runs[i] for i in two]) == [(0, 1)]
-    assert cdf_title([runs[i] for i in two]).endswith("gpupace-1 vs none-2")
+    # Two runs of different jobs given: compared all the same, the unpaced one the baseline
+    # whatever the order, with a note that says they are different jobs
+    from gpupace.report.diagnose import diagnose
+    from gpupace.report.html import findings
+
+    def compared(given):
+        return findings(given, [diagnose(r) for r in given])["comparisons"]
+
+    for two in ([by_label["none-2"], by_label["gpupace-1"]],
+                [by_label["gpupace-1"], by_label["none-2"]]):
+        given = [runs[i] for i in two]
+        assert [(given[i].label, given[j].label) for i, j in pairs(given)] == \
+            [("none-2", "gpupace-1")]
+        assert cdf_title(given).endswith("gpupace-1 vs none-2")
+        (comp,) = compared(given)
+        assert "different jobs (8 and 4 ranks)" in " ".join(comp["notes"]), comp["notes"]
+    (same,) = compared([runs[by_label["none-2"]], runs[by_label["gpupace-2"]]])
+    assert not any("different jobs" in n for n in same["notes"])
 
 
 def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):

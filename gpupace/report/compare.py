@@ -6,7 +6,8 @@ Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe,
 simulated run without the policy) of the same world size (and simulated scenario), in the
 order given, so that `gpupace demo`'s baseline-1, baseline-2, paced-1, paced-2 compare as
 paced-1 vs baseline-1 and paced-2 vs baseline-2. Two runs without such a pair (two world
-sizes, two machines) compare as the second against the first; more such runs are not
+sizes, a simulated run beside a real one) compare all the same, the unpaced one (else the
+first) as the baseline, with a note that they are different jobs; more such runs are not
 compared.
 """
 
@@ -53,7 +54,9 @@ def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
                    [i for i in paced if kind(runs[i]) == k], strict=False)
     if out:
         return sorted(out, key=lambda pair: pair[1])
-    return [(0, 1)] if len(runs) == 2 else []
+    if len(runs) != 2:
+        return []
+    return [(1, 0)] if runs[0].mode == "pace" and runs[1].mode != "pace" else [(0, 1)]
 
 
 def kind(run: Run) -> tuple:
@@ -94,11 +97,19 @@ def summary_change(key: str, base: dict[str, Any], other: dict[str, Any]) -> flo
     return change(key, base.get(key), other.get(key))
 
 
-def notes(base: dict[str, Any], other: dict[str, Any], paced: bool) -> list[str]:
-    """What a reader of the changes must know: figures that could not be compared, a p99 of
-    few steps, and a paced run that delayed nobody (it ran the baseline's code: its changes
-    are noise)."""
+def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
+          runs: tuple[Run, Run] | None = None) -> list[str]:
+    """What a reader of the changes must know: two runs of different jobs (`runs`: baseline
+    and compared, when known), figures that could not be compared, a p99 of few steps, and a
+    paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
     out = []
+    if runs is not None and kind(runs[0]) != kind(runs[1]):
+        b, o = runs
+        what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
+                else "other simulated scenarios" if b.header.get("sim") and o.header.get("sim")
+                else "a simulated run and a real one")
+        out.append(f"different jobs ({what}): the changes compare them, not a paced run with "
+                   "its own baseline")
     if base.get("throughput_unit") != other.get("throughput_unit"):
         out.append(f"throughput not compared: {base.get('throughput_unit')} against "
                    f"{other.get('throughput_unit')} (samples_per_step is in one run's header "
@@ -137,7 +148,8 @@ def comparisons(runs: Sequence[Run], sums: Sequence[dict[str, Any]]) -> list[dic
                          "change": summary_change(key, sums[i], sums[j]), "change_unit": unit}
         out.append({"baseline": runs[i].label, "compared": runs[j].label,
                     "title": f"{runs[j].label} vs {runs[i].label}", "changes": rows,
-                    "notes": notes(sums[i], sums[j], runs[j].mode == "pace")})
+                    "notes": notes(sums[i], sums[j], runs[j].mode == "pace",
+                                   (runs[i], runs[j]))})
     return out
 
 

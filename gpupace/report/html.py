@@ -157,7 +157,7 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
                  "steps the header names are left out. Changes: relative (%) for times and "
                  "throughput, in percentage points (pts) for fractions.</small></p>")
     for i, j in comps:
-        for note in notes(sums[i], sums[j], runs[j].mode == "pace"):
+        for note in notes(sums[i], sums[j], runs[j].mode == "pace", (runs[i], runs[j])):
             parts.append(f"<p><small>{esc(runs[j].label)} vs {esc(runs[i].label)}: "
                          f"{esc(note)}</small></p>")
 
