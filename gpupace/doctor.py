@@ -35,9 +35,8 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from .backends import device_backend_missing
-
     from . import __version__
+    from .backends import device_backend_missing
 
     info: dict[str, Any] = {"gpupace": __version__, "python": platform.python_version(),
                             "torch": torch.__version__,
