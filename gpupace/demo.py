@@ -106,8 +106,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds before the run is abandoned (default 600)")
 
 
+# What the demo sets itself, whatever GPUPACE_* says: each side's mode, and every step in its
+# telemetry (the report needs 30 measured steps a phase).
+PINNED = dict(mode="observe", warmup_steps=WARMUP_STEPS, telemetry_interval=20,
+              telemetry_every=1, telemetry_path="")
+
+
+def env_settings() -> list[str]:
+    """The GPUPACE_* settings of the environment the demo's pacers take (NAME=value): they
+    change what the paced side does (GPUPACE_GAIN=0 delays nobody), so the run says so."""
+    from .config import ENV_PREFIX, field_env
+
+    pinned = {ENV_PREFIX + name.upper() for name in PINNED}
+    return [f"{k}={os.environ[k]}" for k in sorted(field_env() - pinned) if k in os.environ]
+
+
 def run(args: argparse.Namespace) -> int:
-    config = PaceConfig(warmup_steps=WARMUP_STEPS, telemetry_interval=20)
+    config = PaceConfig(**PINNED)
     if args.steps is None:
         args.steps = max(DEFAULT_STEPS, min_steps(config, args.ranks) + EXTRA_STEPS)
     _check(args, config)
@@ -132,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"gpupace demo: scenario {args.scenario}, {args.ranks} ranks ({backend}, "
           f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
           file=sys.stderr, flush=True)
+    if settings := env_settings():
+        print(f"gpupace demo: pacer settings from the environment: {', '.join(settings)}",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     staging = _staging_dir(args)
     try:
@@ -251,7 +269,7 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
         "scenario": args.scenario, "world_size": args.ranks, "steps": args.steps,
         "wait": args.wait, "backend": backend, "batch_per_rank": args.batch, "seed": args.seed,
         "stats_from_step": settle, "phase_steps": args.steps // 2, "cores": os.cpu_count(),
-        "units": "times in us, throughput in samples/s",
+        "units": "times in us, throughput in samples/s", "env_settings": env_settings(),
     }
     for side in ("baseline", "paced"):
         out[side] = {k: rank0[side][k] for k in KEYS}
@@ -294,8 +312,11 @@ def format_table(r: dict[str, Any]) -> str:
             and key not in NO_CHANGE_COLUMN else ""
         lines.append(f"{label:28}{fmt.format(b):>12}{fmt.format(p):>12}{change:>10}")
     for side in ("baseline", "paced"):
-        lines.append(f"last arrival by rank, {side}: {r[side]['straggler_histogram']}")
+        lines.append(f"steps each rank arrived last (rank 0 first), {side}: "
+                     f"{r[side]['straggler_histogram']}")
     lines.append(noise_line(r))
+    if r.get("env_settings"):
+        lines.append(f"pacer settings from the environment: {', '.join(r['env_settings'])}")
     if r["paced"]["delayed_fraction"] == 0:
         lines.append("pacing delayed nobody: the two sides ran the same code, so their "
                      "differences are this machine's noise")

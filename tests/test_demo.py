@@ -15,8 +15,13 @@ from gpupace.telemetry import first_measured_step, read_telemetry
 
 
 @pytest.mark.timeout(240)  # the run itself may take up to its --timeout of 150 s
-def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
+def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys, monkeypatch):
     out = tmp_path / "demo.json"
+    # What the demo sets itself, the environment cannot change (a mode it would refuse, one
+    # step in 4 in the telemetry: the report's 30 steps a phase); what it takes, it names.
+    monkeypatch.setenv("GPUPACE_MODE", "bogus")
+    monkeypatch.setenv("GPUPACE_TELEMETRY_EVERY", "4")
+    monkeypatch.setenv("GPUPACE_GUARD_US", "20")
     # 8 ms of extra work on rank 1 and 30 measured steps a phase: with 4 ms and 20 steps,
     # the VM's own noise (steps of 12-38 ms) kept the early rank from its holdoff's calm
     # steps, and so from any delay, in ~1 run of 10 under load.
@@ -29,7 +34,10 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys):
     assert rc == 0
     table = capsys.readouterr().out
     assert "baseline" in table and "paced" in table and "throughput" in table
+    assert "steps each rank arrived last (rank 0 first), baseline: [" in table
+    assert "pacer settings from the environment: GPUPACE_GUARD_US=20" in table.splitlines()
     result = json.loads(out.read_text())
+    assert result["env_settings"] == ["GPUPACE_GUARD_US=20"]
     assert (result["scenario"], result["world_size"], result["steps"]) == ("persistent", 2, 100)
     # Statistics from step 20 of each 50-step phase: a warm-up of 10, a holdoff of 5 x 2 ranks.
     assert (result["stats_from_step"], result["phase_steps"]) == (20, 50)

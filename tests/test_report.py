@@ -124,6 +124,9 @@ def test_too_few_steps_is_not_enough_evidence():
     d = diagnose(run)
     assert "only 10 measured steps" in d.summary["note"]
     assert "telemetry_every" not in d.summary["note"]
+    # the first step has no step time (it is the interval from the step before)
+    assert d.summary["note"].endswith("(of 10 steps read, 0 were warm-up (steps before 0) and "
+                                      "0 more had no step time above 0)"), d.summary["note"]
     assert all(m.verdict == "not enough evidence" and m.share == 0 for m in d.modes)
     # A file written one step in 64 (4096 ranks, the default) says so, and what to do
     sampled = to_run("short", Path("x.jsonl"), {"world_size": 2, "telemetry_every": 64},
@@ -415,7 +418,9 @@ def test_one_rank_and_all_nan_runs_report_without_warnings(tmp_path, capsys):
     rc, cap = _report(tmp_path, capsys, one, blank)
     assert rc == 0, cap.err
     doc = json.loads((tmp_path / "out" / "findings.json").read_text())
-    assert "only 0 measured steps" in doc["runs"][1]["summary"]["note"]
+    assert ("only 0 measured steps (need 30): not enough evidence (of 5 steps read, 0 were "
+            "warm-up (steps before 0) and 5 more had no step time above 0)"
+            in doc["runs"][1]["summary"]["note"])
     assert all(m["verdict"] == "not enough evidence" for r in doc["runs"] for m in r["modes"])
 
 

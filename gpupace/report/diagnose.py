@@ -338,6 +338,16 @@ def diagnose(run: Run) -> Diagnosis:
         return _diagnose(run)
 
 
+def _unmeasured(run: Run) -> str:
+    """Why the steps read are not measured: how many were warm-up, how many had no step time
+    (the first has none: its step time is the interval from the step before)."""
+    warm = int((run.step < run.warmup_steps).sum())
+    timed = np.isfinite(run.step_time) & (run.step_time > 0)
+    untimed = int((~timed & (run.step >= run.warmup_steps)).sum())
+    return (f"of {run.steps} steps read, {warm} were warm-up (steps before "
+            f"{run.warmup_steps}) and {untimed} more had no step time above 0")
+
+
 def _diagnose(run: Run) -> Diagnosis:
     st_all = run.step_time
     ok = measured(run)
@@ -346,7 +356,8 @@ def _diagnose(run: Run) -> Diagnosis:
                                "warmup_steps_left_out": run.warmup_steps,
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
-        summary["note"] = f"only {n} measured steps (need {MIN_STEPS}): not enough evidence"
+        summary["note"] = (f"only {n} measured steps (need {MIN_STEPS}): not enough evidence "
+                           f"({_unmeasured(run)})")
         every = run.header.get("telemetry_every") or 1
         if isinstance(every, int) and every > 1:  # 4096 ranks: one step in 64 by default
             summary["note"] += (f" (the file holds one step in {every}, telemetry_every: "
