@@ -193,6 +193,19 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no .jsonl telemetry files"):
         load_runs([tmp_path / "empty"])
+    # Another tool's .jsonl beside them (training metrics) is passed over, with a note; named
+    # on its own it is refused, and a directory of nothing else is
+    (d / "metrics.jsonl").write_text('{"loss": 0.5}\n')
+    runs = load_runs([d])
+    assert [r.label for r in runs] == ["baseline", "paced"]
+    assert any("passed over" in n and "metrics.jsonl: line 1 is not a gpupace telemetry "
+               "header" in n for n in runs[0].notes), runs[0].notes
+    with pytest.raises(ValueError, match="metrics.jsonl: line 1 is not a gpupace telemetry"):
+        load_runs([d / "metrics.jsonl"])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "metrics.jsonl").write_text('{"loss": 0.5}\n')
+    with pytest.raises(ValueError, match="no gpupace telemetry among the files given: .*metrics"):
+        load_runs([tmp_path / "other"])
 
 
 def test_records_of_one_step_twice_keep_the_later(sim_dir, tmp_path):

@@ -292,12 +292,14 @@ def _run_key(header: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
+def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
     """The files to read: a directory stands for its *.jsonl files, sorted (what
-    `gpupace demo --telemetry DIR` writes: baseline-1.jsonl, paced-1.jsonl, ...)."""
+    `gpupace demo --telemetry DIR` writes: baseline-1.jsonl, paced-1.jsonl, ...); and which
+    of them a directory stood for, not named (another tool's .jsonl there is passed over)."""
     if not paths:
         raise ValueError("no telemetry files given")
     files: list[Path] = []
+    listed: set[Path] = set()
     for given in paths:
         if not str(given).strip():  # Path("") is ".": the current folder, not what was meant
             raise ValueError("a telemetry path is empty")
@@ -307,9 +309,10 @@ def expand(paths: Sequence[str | os.PathLike]) -> list[Path]:
             if not found:
                 raise ValueError(f"{p} is a directory with no .jsonl telemetry files")
             files += found
+            listed.update(found)
         else:
             files.append(p)
-    return files
+    return files, listed
 
 
 def _once_each(files: Sequence[Path]) -> tuple[list[Path], dict[Path, int]]:
@@ -354,15 +357,25 @@ def _distinct_dir(path: Path, other: Path) -> str:
 
 def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = None) -> list[Run]:
     """One `Run` per run among `paths` (files, or directories of *.jsonl files), in the order
-    first given. Raises ValueError for a missing, empty or non-gpupace file, or one with no
-    readable step record; lines cut short or corrupt are skipped and listed in `Run.skipped`."""
-    files, repeats = _once_each(expand(paths))
+    first given. Raises ValueError for a missing, empty or non-gpupace file named, or one with
+    no readable step record; a directory's .jsonl file that is not telemetry (another tool's
+    log) is passed over, with a note on the first run; lines cut short or corrupt are skipped
+    and listed in `Run.skipped`."""
+    given, listed = expand(paths)
+    files, repeats = _once_each(given)
     # Grouped by their headers first: of one run's rank files (each holds every rank's rows)
     # only the lowest rank's is read, not all N.
     groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     order: list[list[tuple[Path, dict[str, Any]]]] = []
+    passed_over: list[str] = []  # a directory's .jsonl files that are not telemetry
     for path in files:
-        header = read_header(path)
+        try:
+            header = read_header(path)
+        except ValueError as e:
+            if path not in listed:  # named: the user meant it
+                raise
+            passed_over.append(str(e))
+            continue
         key = _run_key(header)
         group = groups.get(key)
         ranks = {h.get("rank") for _, h in group} if group else set()
@@ -391,4 +404,8 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         if progress is not None:
             progress(f"{path.name}: {run.steps} steps, {run.world_size} ranks, label {label!r}")
         runs.append(run)
+    if not runs:
+        raise ValueError("no gpupace telemetry among the files given: "
+                         + "; ".join(passed_over))
+    runs[0].notes += [f"passed over: {why}" for why in passed_over]
     return runs
