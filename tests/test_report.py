@@ -267,6 +267,28 @@ def test_a_report_into_an_earlier_reports_folder_leaves_none_of_it(sim_dir, tmp_
     assert after - {"notes.txt", "report.html"} == set(re.findall(r"data-file='([^']+)'", page))
 
 
+def test_an_interrupted_report_leaves_the_earlier_one_whole(sim_dir, tmp_path, capsys,
+                                                            monkeypatch):
+    """Ctrl-C while plotting left 7 plots and no page, the earlier page already deleted: the
+    report is now made in a folder of its own and moved in at the end."""
+    import gpupace.report.cli as report_cli
+
+    a, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    b, _ = _telemetry(sim_dir, "locality", 1, 8, 1)
+    out = tmp_path / "out"
+    assert _report(tmp_path, capsys, a, b)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    plot = report_cli.make_all
+
+    def interrupted(*args, **kwargs):
+        plot(*args, **kwargs)  # every plot written, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_cli, "make_all", interrupted)
+    assert main(["report", str(a), "--out", str(out), "--quiet", "--json"]) == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_without_out_the_text_alone_and_nothing_written(sim_dir, tmp_path, capsys,
                                                        monkeypatch):
     src, _ = _telemetry(sim_dir, "locality", 1, 8, 1)

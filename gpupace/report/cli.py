@@ -4,13 +4,17 @@ and a paced run) and diagnoses each run; with `--out`, writes DIR/report.html wi
 plots, and with `--json` DIR/findings.json. Progress goes to stderr; to stdout, a headline per
 run (who is late, the leading cause), its lost time and split, and the notes on what was read;
 a line per paced-vs-baseline comparison, then the written paths. Without `--out` nothing is
-written: the quick look from a terminal, without the plots' time."""
+written: the quick look from a terminal, without the plots' time. The files are made in a
+folder of their own inside DIR and moved in when all are written, so that an interrupted
+report leaves the earlier one in DIR as it was."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..cli import check_output_dir
@@ -58,17 +62,26 @@ def run(args: argparse.Namespace) -> int:
         print("(--out DIR writes the HTML report, its plots and, with --json, findings.json)")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    _clear_earlier_report(out)
-    if progress:
-        progress(f"plotting {len(runs)} run(s)")
-    plots = make_all(runs, diags, out, progress)
-    page = out / "report.html"
-    page.write_text(render(runs, diags, plots, out), encoding="utf-8")
-    print(page)
+    # Written in a folder of its own and moved in at the end, the page last: an interrupted
+    # report leaves the earlier one as it was, not half of each.
+    staging = Path(tempfile.mkdtemp(prefix=".gpupace-report-", dir=out))
+    try:
+        if progress:
+            progress(f"plotting {len(runs)} run(s)")
+        plots = make_all(runs, diags, staging, progress)
+        if args.json:
+            (staging / "findings.json").write_text(json.dumps(doc, indent=1) + "\n",
+                                                   encoding="utf-8")
+        page = staging / "report.html"
+        page.write_text(render(runs, diags, plots, staging), encoding="utf-8")
+        _clear_earlier_report(out)
+        for path in sorted(staging.iterdir(), key=lambda p: p == page):  # the page last
+            path.replace(out / path.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(out / "report.html")
     if args.json:
-        path = out / "findings.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-        print(path)
+        print(out / "findings.json")
     return 0
 
 
