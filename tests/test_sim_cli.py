@@ -29,6 +29,11 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     assert "gain vs none %" in out and "% of oracle gain" in out
     assert "no coupling" not in out  # amplification has one
     assert "\r" not in cap.err  # stderr is no terminal here: no carriage returns
+    (said,) = [ln for ln in cap.err.splitlines() if ln.startswith("telemetry: ")]
+    for n in (1, 2):
+        for p in ("none", "gpupace", "oracle"):
+            path = tmp_path / f"sim-{n}-{p}.jsonl"
+            assert path.is_file() and str(path) in said  # each written, and named
     oracle_rows = [ln.split() for ln in out.splitlines() if ln.split()[2:3] == ["oracle"]]
     doc = json.loads(js.read_text())
     # percent, not a fraction; "-" where the oracle gains too little for a share to mean much
@@ -82,6 +87,8 @@ def test_cli_rejects_empty_nodes_short_runs_and_names_the_option(capsys, argv, o
 @pytest.mark.parametrize("telemetry,nodes,expected", [
     ("{dir}/n{nodes}.jsonl", "1,2", "with {nodes} needs {policy} too"),
     ("{dir}/{policy}.jsonl", "1,2", "with {policy} and 2 node counts needs {nodes} too"),
+    ("{dir}/{policy}-{node}.jsonl", "1", "knows the placeholders {nodes} and {policy}, got "
+                                          "{node} in"),
 ])
 def test_telemetry_names_that_runs_would_write_over_are_refused(tmp_path, capsys, telemetry,
                                                                   nodes, expected):
@@ -313,4 +320,8 @@ def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
     assert line.split()[-2:] == ["0.00", "0"], line
     oracle = dict(row, policy="oracle", gain_pct=0.5, oracle_fraction=1.0)
     small = dict(oracle, gain_pct=0.01, oracle_fraction=None)
-    assert [ln.split()[-1] for ln in format_table([oracle, small]).splitlines()[1:]] == ["100", "-"]
+    lines = format_table([oracle, small]).splitlines()
+    assert [ln.split()[-1] for ln in lines[1:3]] == ["100", "-"]
+    assert lines[3] == "(% of oracle gain: - where the oracle gained under 0.05%, too little " \
+                       "to take a share of)"
+    assert "too little" not in format_table([oracle])  # no "-", no legend

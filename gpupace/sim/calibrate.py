@@ -156,7 +156,7 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     offsets = np.where(known, np.maximum(med - np.nanmin(med), 0.0), 0.0)
     # a step ends with its last rank: the fastest rank's compute is the rest (a first guess)
     compute = max(float(np.median(step)) - exposed - float(offsets.max()), 1.0)
-    notes = [f"{warmup} warm-up steps left out"] if warmup else []
+    notes = []  # the warm-up left out is in `describe()`
     if not known.all():
         never = np.flatnonzero(~known)
         notes.append(f"{never.size} rank(s) never known (invalid rows), given no offset: "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -125,6 +126,10 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
         tel = args.telemetry
         # Every node count runs three policies: a name without one of the two would be written
         # again by the next run, and hold the last one only.
+        unknown = sorted(set(re.findall(r"\{[^{}]*\}", tel)) - {"{nodes}", "{policy}"})
+        if unknown:
+            raise ValueError(f"--telemetry knows the placeholders {{nodes}} and {{policy}}, got "
+                             f"{', '.join(unknown)} in {tel!r}")
         if "{nodes}" in tel and "{policy}" not in tel:
             raise ValueError(f"--telemetry with {{nodes}} needs {{policy}} too (each node count "
                              f"runs none, gpupace and oracle), got {tel!r}")
@@ -199,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
     tel = args.telemetry
     keep_last: dict[str, SimResult] = {}
+    written: list[str] = []
 
     def on_result(res: SimResult) -> None:
         if tel is None:
@@ -206,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if "{nodes}" in tel or "{policy}" in tel:
             path = tel.replace("{nodes}", str(res.scenario.nodes)).replace("{policy}", res.policy)
             write_telemetry(res, path)
+            written.append(path)
         elif res.policy == "gpupace" and res.scenario.nodes == max(nodes):
             keep_last["res"] = res
 
@@ -226,6 +233,10 @@ def run(args: argparse.Namespace) -> int:
         print(no_coupling_note(name))
     if "res" in keep_last:
         write_telemetry(keep_last["res"], tel)
+        written.append(tel)
+    if written:
+        print(f"telemetry: {', '.join(written)}  (gpupace report FILE [--out DIR])",
+              file=sys.stderr)
     if args.json:
         out: dict[str, Any] = {"preset": name, "notes": [late] if late else [],
                                "coupling": {"collective": biggest.coupling,

@@ -77,6 +77,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"{r['nodes']:>5} {r['ranks']:>6} {r['policy']:>8} {r['throughput']:>11.1f} "
                      f"{r['step_time_cv']:>6.3f} {r['step_time_p99'] / 1e3:>8.1f} "
                      f"{gain:>14.2f}  {frac:>16}")
+    if any(r["oracle_fraction"] is None for r in rows):
+        lines.append(f"(% of oracle gain: - where the oracle gained under "
+                     f"{MIN_ORACLE_GAIN_PCT}%, too little to take a share of)")
     return "\n".join(lines)
 
 
