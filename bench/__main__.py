@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpupace.cli import check_output_dir
 
-from .harness import RESULTS_DIR, Harness, Machine
+from .harness import RESULTS_DIR, Harness, Machine, description
 
 Bench = Callable[[Harness], None]
 
@@ -93,7 +93,7 @@ def run_suite(suite: str, *, quick: bool, out: Path, note: str, only: list[str] 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench", description=description(__doc__))
     ap.add_argument("--suite", choices=("cpu", "gpu", "all"), default="cpu")
     ap.add_argument(
         "--quick",

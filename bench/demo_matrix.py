@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import Machine, require_positive  # noqa: E402
+from bench.harness import Machine, description, require_positive  # noqa: E402
 from gpupace.demo import SCENARIOS, WAITS  # noqa: E402
 
 CASE_TIMEOUT_S = 900  # the demo's own --timeout is 600 s for its ranks
@@ -116,7 +116,7 @@ def markdown(machine: Machine, runs: list[dict], noise: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"comma-separated, of {', '.join(SCENARIOS)} (default all)")
     ap.add_argument("--waits", default=",".join(WAITS),

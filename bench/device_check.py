@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
 from bench.__main__ import gpu_missing  # noqa: E402
 from bench.gpu_common import CYCLES_PER_US  # noqa: E402
-from bench.harness import git_state, quantiles, write_whole  # noqa: E402
+from bench.harness import description, git_state, quantiles, write_whole  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
@@ -671,7 +671,7 @@ def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
     ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
     ap.add_argument("--budget", type=float, default=300.0,

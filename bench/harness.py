@@ -509,6 +509,14 @@ class Harness:
         return "\n".join(lines) + "\n"
 
 
+def description(doc: str) -> str:
+    """A script's --help description: the first sentence of its docstring's first paragraph
+    (its first line stopped mid-sentence)."""
+    para = " ".join(doc.strip().split("\n\n")[0].split())
+    m = re.match(r"(.*?\.)(\s|$)", para)
+    return m.group(1) if m else para
+
+
 def require_positive(ap: Any, args: Any, *names: str) -> None:
     """A standalone script's integer options that must be >= 1: `ap.error` (exit 2, the
     option and its value named) for the first that is not."""

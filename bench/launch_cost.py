@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
-from bench.harness import quantiles  # noqa: E402
+from bench.harness import description, quantiles  # noqa: E402
 
 
 def _per_launch_us(fn, launches: int) -> float:
@@ -204,7 +204,7 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--json", type=Path, required=True, help="where the figures go")
     ap.add_argument("--launches", type=int, default=200, help="launches per timed window")
     args = ap.parse_args(argv)

@@ -23,7 +23,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS_DIR,
+    Harness,
+    Machine,
+    description,
+    require_positive,
+)
 
 SITES = 4
 LATE_RANK, LATE_US = 7, 3000.0
@@ -85,7 +91,7 @@ def bench_report(h: Harness, ranks: int, steps: int, repeats: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--ranks", type=int, default=4096, help="ranks (default 4096)")
     ap.add_argument("--steps", type=int, default=2000, help="steps (default 2000)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each command (default 2)")

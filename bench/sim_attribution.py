@@ -34,7 +34,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS_DIR,
+    Harness,
+    Machine,
+    description,
+    require_positive,
+)
 
 TINY = 1e-12  # a size that keeps a random process drawn and takes its effect away
 MAX_NODES = 512
@@ -112,7 +118,7 @@ def bench_preset(h: Harness, preset: str, nodes: int, steps: int, seeds: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--presets", default="mixed,paper",
                     help="comma-separated presets (default mixed,paper)")
     ap.add_argument("--nodes", type=int, default=8, help="nodes of 8 ranks (default 8)")

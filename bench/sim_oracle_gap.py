@@ -24,7 +24,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS_DIR,
+    Harness,
+    Machine,
+    description,
+    require_positive,
+)
 
 RISKS = (0.1, 1.0)  # overshoot_risk of the policy runs: the default, and ten times it
 
@@ -71,7 +77,7 @@ def bench_gap(h: Harness, nodes: int, steps: int, seeds: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--nodes", type=int, default=4, help="nodes of 8 ranks (default 4)")
     ap.add_argument("--steps", type=int, default=2000, help="steps per run (default 2000)")
     ap.add_argument("--seeds", type=int, default=2, help="seeds (default 2)")

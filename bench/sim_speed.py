@@ -25,7 +25,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import RESULTS_DIR, Harness, Machine, require_positive  # noqa: E402
+from bench.harness import (  # noqa: E402
+    RESULTS_DIR,
+    Harness,
+    Machine,
+    description,
+    require_positive,
+)
 
 CASES = [(8, 10_000, 2.0), (512, 1_000, 10.0)]  # nodes (x 8 GPUs), steps, target seconds
 POLICIES = ("none", "gpupace", "oracle")
@@ -84,7 +90,7 @@ def bench_sim(h: Harness, repeats: int = 3) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--quick", action="store_true", help="a tenth of the steps, no targets")
     ap.add_argument("--repeats", type=int, default=3, help="runs per case (default 3)")
     ap.add_argument("--out", type=Path, default=None, help="write result files to this folder")

@@ -307,3 +307,14 @@ def test_git_state_takes_the_commit_it_is_given(monkeypatch):
     monkeypatch.delenv("GPUPACE_COMMIT")
     sha, _ = git_state()
     assert sha and sha != "0123abc"
+
+
+def test_a_scripts_help_says_its_first_sentence_whole():
+    from bench.harness import description
+
+    doc = """One thing the script does, said over
+    two lines: with a colon. Then more.
+
+    usage: ..."""
+    assert description(doc) == "One thing the script does, said over two lines: with a colon."
+    assert description("No sentence end here\n\nmore.") == "No sentence end here"
