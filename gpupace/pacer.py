@@ -343,7 +343,7 @@ class Pacer(Joinable):
         steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
         out = summarize(steady, self.world_size, self.samples_per_step)
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
-                   sites=len(self.site_names))
+                   sites=len(self.site_names), warmup_steps=self.config.warmup_steps)
         return out
 
     @property

@@ -45,7 +45,10 @@ def format_summary(s: dict[str, Any]) -> str:
     most often last (the whole histogram is one number a rank)."""
     about = ", ".join(f"{k.replace('_', ' ')} {s[k]}" for k in ("world_size", "mode", "backend",
                                                                "sites") if k in s)
-    lines = [f"gpupace summary: {s.get('steps', 0)} steps" + (f" ({about})" if about else "")]
+    warm = s.get("warmup_steps")
+    after = f" after the first {warm} (warm-up)" if warm else ""
+    lines = [f"gpupace summary: {s.get('steps', 0)} steps{after}" + (f" ({about})" if about
+                                                                      else "")]
     for label, key, scale, fmt in SUMMARY_ROWS:
         v = s.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
@@ -55,7 +58,8 @@ def format_summary(s: dict[str, Any]) -> str:
     hist = s.get("straggler_histogram") or []
     top = sorted((r for r, c in enumerate(hist) if c), key=lambda r: (-hist[r], r))[:SHOWN_LAST]
     if top:
-        lines.append("most often last: " + ", ".join(f"rank {r} ({hist[r]} steps)" for r in top))
+        lines.append("most often last: " + ", ".join(
+            f"rank {r} ({hist[r]} step{'s' if hist[r] != 1 else ''})" for r in top))
     return "\n".join(lines)
 
 

@@ -301,6 +301,12 @@ def test_world_size_one_has_nothing_to_pace():
     printed = str(pacer.summary())  # what print(pacer.summary()) shows
     assert printed.startswith("gpupace summary: 5 steps (world size 1, mode ")
     assert "sites 1)" in printed and "step time p99 (ms)" in printed
+    warm = Pacer(PaceConfig(warmup_steps=3))
+    for _ in range(5):
+        with warm.site("compute"):
+            pass
+        warm.step()
+    assert str(warm.summary()).startswith("gpupace summary: 2 steps after the first 3 (warm-up)")
 
 
 def test_a_paced_block_that_raises_is_still_left_and_its_error_goes_through():

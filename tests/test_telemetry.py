@@ -193,6 +193,8 @@ def test_summary_figures():
     assert any(line.startswith("step time mean (ms)") and line.endswith(" 2.00") for line in text)
     assert text[-1] == "most often last: rank 0 (2 steps), rank 1 (2 steps)"
     assert "throughput (steps/s)" in str(summarize(recs, world_size=2))
+    one = summarize(recs[:2], world_size=2)
+    assert str(one).splitlines()[-1] == "most often last: rank 0 (1 step), rank 1 (1 step)"
 
 
 def test_chunked_encoding_is_the_same_text():
