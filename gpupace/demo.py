@@ -235,10 +235,16 @@ def _staging_dir(args: argparse.Namespace) -> str | None:
 
 
 def _publish_telemetry(staging: str, telemetry: str) -> None:
-    """Moves the run's phase files into --telemetry, replacing an earlier demo's."""
+    """Moves the run's phase files into --telemetry, replacing an earlier demo's; each file's
+    header names its final path, not the staging folder's, which is gone after the run."""
     from .demo_worker import telemetry_files
 
     for new, old in zip(telemetry_files(staging), telemetry_files(telemetry), strict=True):
+        with open(new, encoding="utf-8") as f:
+            header, rest = json.loads(f.readline()), f.read()
+        if isinstance(header.get("config"), dict):
+            header["config"]["telemetry_path"] = str(old)
+        Path(new).write_text(json.dumps(header) + "\n" + rest, encoding="utf-8")
         os.replace(new, old)
 
 

@@ -99,6 +99,8 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys, monkeypa
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
         delay_by_rank += sum(r.delay_us for r in tel.records)
         assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
+        # its own path, not the staging folder's the run wrote it in
+        assert tel.header["config"]["telemetry_path"] == str(tmp_path / "tel" / f"{label}.jsonl")
         assert len(tel.records) == 50 and not tel.skipped
         # the report counts the steps the table counts
         assert first_measured_step(tel.header) == 20
