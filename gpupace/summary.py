@@ -24,7 +24,8 @@ SUMMARY_ROWS = (
     ("entry spread mean (ms)", "entry_spread_mean", 1e-3, "{:.2f}"),
     ("entry spread p99 (ms)", "entry_spread_p99", 1e-3, "{:.2f}"),
     ("delay per rank-step (ms)", "delay_mean", 1e-3, "{:.2f}"),
-    ("pacing on (% of steps)", "active_fraction", 100.0, "{:.0f}"),
+    # Hysteresis on: delays may follow (the early ranks' floors still rising: none yet)
+    ("pacing armed (% of steps)", "active_fraction", 100.0, "{:.0f}"),
     ("steps with a delay (%)", "delayed_fraction", 100.0, "{:.0f}"),
 )
 SHOWN_LAST = 5  # ranks named in the "most often last" line

@@ -31,7 +31,7 @@ CHANGES = {
     "spread_mean": ("arrival spread mean", "rel"),
     "spread_p99": ("arrival spread p99", "rel"),
     "entry_spread_mean": ("entry spread mean", "rel"),
-    "active_fraction": ("pacing on", "pts"),
+    "active_fraction": ("pacing armed", "pts"),
     "delayed_fraction": ("steps with a delay", "pts"),
     "delay_mean": ("delay per rank per step", "ms"),
 }
