@@ -208,6 +208,17 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
         load_runs([tmp_path / "other"])
 
 
+def test_a_run_without_a_label_is_named_by_its_file(sim_dir, tmp_path):
+    """A restarted Pacer keeps the run before as run.jsonl.1: it was labelled "run.jsonl"."""
+    src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    lines = src.read_text().splitlines()
+    header = dict(json.loads(lines[0]), label="")
+    for name in ("run.jsonl", "run.jsonl.1"):
+        (tmp_path / name).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    runs = load_runs([tmp_path / "run.jsonl", tmp_path / "run.jsonl.1"])
+    assert [r.label for r in runs] == ["run", "run.jsonl.1"]
+
+
 def test_records_of_one_step_twice_keep_the_later(sim_dir, tmp_path):
     """Two runs in one file (the first 40 steps of a second run appended after the first
     run's 100): each step once, the second run's record of it, and a note."""

@@ -334,14 +334,20 @@ def _label(header: dict[str, Any], path: Path, taken: dict[str, Path], number: i
     `taken`) has it, what tells the two apart follows in brackets: the file's name, or when
     both files have one name (`gpupace report runs runs2`), the shortest end of the
     directory that differs ("baseline-1 (runs2)"); failing both, the run's `number`."""
-    label = str(header.get("label") or "") or path.stem
+    label = str(header.get("label") or "") or _name(path)
     if label not in taken:
         return label
     other = taken[label]
-    hint = path.stem if path.stem != other.stem else _distinct_dir(path, other)
+    hint = _name(path) if _name(path) != _name(other) else _distinct_dir(path, other)
     if hint and f"{label} ({hint})" not in taken:
         return f"{label} ({hint})"
     return f"{label} #{number}"
+
+
+def _name(path: Path) -> str:
+    """A file's name without its .jsonl: "run" for run.jsonl, "run.jsonl.1" for the earlier
+    run a restarted Pacer kept aside (its stem, "run.jsonl", named the file it was not)."""
+    return path.name[:-len(".jsonl")] if path.name.endswith(".jsonl") else path.name
 
 
 def _distinct_dir(path: Path, other: Path) -> str:
