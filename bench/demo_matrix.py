@@ -12,8 +12,8 @@ beside it); and the run's wall time with the install's start-up.
     python bench/demo_matrix.py [--scenarios persistent,locality] [--waits sleep,spin]
                                 [--repeats N] [--out DIR]
 
-Writes demo_<machine>_<date>.json and .md under DIR (default: print only). About 45 s a case
-on a 2-core VM: 6 minutes for the 8 cases once.
+Writes demo_<machine>_<date>.json and .md under DIR (default: print only). 25-38 s a case on
+a 2-core VM (2026-12-01): about 5 minutes for the 8 cases once.
 """
 
 from __future__ import annotations

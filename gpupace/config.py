@@ -90,8 +90,9 @@ class PaceConfig:
 
     telemetry_every: int | None = None
     """Write the record of one step in this many to the telemetry file and TensorBoard (the
-    in-memory ring keeps every step). A record is ~34 bytes of JSON a rank: 139 KB at 4096
-    ranks, ~6 ms to encode on the 2-core VM, more while training holds the GIL. None (the
+    in-memory ring keeps every step). A record is ~31 bytes of JSON a rank: 125 KB at 4096
+    ranks (bench/report_load.py's file), 8-9 ms to encode on the 2-core VM, more while
+    training holds the GIL. None (the
     default): every step up to 127 ranks, then one in world_size // 64 (64 at 4096 ranks)."""
 
     telemetry_path: str | None = None

@@ -6,7 +6,7 @@ baseline (measured, never delayed) and paced, in four alternating phases (baseli
 paced, baseline; see `demo_worker`), and prints the two sides side by side.
 
 `--wait sleep` is gloo as it is: a waiting rank sleeps, so there is none of the coupling that
-makes pacing pay on GPUs, and pacing can at best break even. `--wait spin` makes waiting ranks
+pacing works through on GPUs, and pacing can at best break even. `--wait spin` makes waiting ranks
 poll their collectives in a busy loop, as NCCL's kernels poll on SMs, so early ranks take cores
 from the late ones; pacing early ranks (they sleep through their delay) gives those back.
 """

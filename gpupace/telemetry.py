@@ -83,7 +83,7 @@ class StepRecord:
     def to_json(self, chunk: int = 0) -> str:
         """One JSON line. `chunk` > 0 encodes long lists `chunk` values at a time and lets
         other threads run in between: the background writer's way to keep each hold of the
-        GIL short (one json.dumps of a 4096-rank record holds it for ~6 ms). Same text."""
+        GIL short (one json.dumps of a 4096-rank record holds it for ~8 ms). Same text."""
         # JSON has no NaN or infinity: they are written as null (and read back as NaN). A
         # record holds numbers only, so replacing the tokens in the dumped text is exact and,
         # at 4096 ranks, ~10x cheaper than asdict() and a Python pass over every value.
@@ -253,8 +253,9 @@ class TelemetryWriter:
     """Appends records to a JSON-lines file; flushes (and fsyncs) every `interval` records.
 
     `background=True` moves the encoding and the file writes to a thread: `write` only queues
-    the record, so the training thread does not pay for them (at 4096 ranks a record takes
-    ~6 ms to encode, which would make the writing rank a straggler every step). The thread
+    the record, so the training thread does not wait for them (at 4096 ranks a record takes
+    8-9 ms to encode on the 2-core VM, which would make the writing rank a straggler every
+    step); it still shares the GIL with the thread, which encodes in chunks. The thread
     keeps the order; `close()` (also run at interpreter exit, and at the end of a multiprocessing
     child, forked ones included) writes everything still queued.
     A failure in the thread is raised by the next `write`, `flush` or `close`."""

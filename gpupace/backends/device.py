@@ -24,7 +24,7 @@ CUDA events time the compute and collective phases in eager mode (`phase_times()
 Limits, bluntly: sites are matched by order, and a captured graph fixes the site count; on
 an H200 (the last device check, code of 975f711) a paced collective added 3.1 us in a CUDA
 graph at 8 a step and 11.4 us at one (target 3 us), and 72 us eager at 8 a step, 184 us at one
-(target 15 us: host launch time; the five checks of that evening: 50-109 and 151-243 us;
+(target 15 us: host launch time; the last three checks of that evening: 54-72 and 155-184 us;
 README). This code has changed since: not yet measured on a GPU. On a CPU device the engine runs
 only under TRITON_INTERPRET=1, with the clock-free kernel path and the NumPy twin of the
 reduction: that is for tests.

@@ -9,7 +9,7 @@ Each bucket is one site, in the order DDP launches them. DDP rebuilds its bucket
 first iteration, so the site layout can change once (inside `warmup_steps`); a step with
 another site count keeps what the first sites learnt.
 
-The hook averages as DDP's own reducer does by default, bit for bit: it multiplies each
+The hook averages as DDP's own reducer does, bit for bit: it multiplies each
 gradient by 1 / world size (dividing, as torch's `allreduce_hook` does, rounds otherwise
 where the world size is not a power of two: 7e-9 apart after a few steps at 3 ranks). The
 tests train 3 gloo ranks both ways, with and without `gradient_as_bucket_view=True`, and

@@ -5,8 +5,9 @@ plots, and with `--json` DIR/findings.json. Progress goes to stderr; to stdout, 
 run (who is late, the leading cause), its lost time and split, and the notes on what was read;
 a line per paced-vs-baseline comparison, then the written paths. Without `--out` nothing is
 written: the quick look from a terminal, without the plots' time. The files are made in a
-folder of their own inside DIR and moved in when all are written, so that an interrupted
-report leaves the earlier one in DIR as it was."""
+folder of their own inside DIR and moved in when all are written, the page last, so that a
+report interrupted while it reads, diagnoses or plots leaves the earlier one in DIR as it was
+(one killed by SIGKILL leaves its hidden .gpupace-report-* folder too)."""
 
 from __future__ import annotations
 

@@ -275,7 +275,7 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
             ax.set_yticks([])
             ax.text(0.5, 0.5, f"no delays (mode {run.mode})" if run.mode else "no delays",
                     transform=ax.transAxes, ha="center", va="center", color="0.4")
-        ax.set_title(f"{run.label}: pacing on {100 * on_measured:.0f}% of the measured steps "
+        ax.set_title(f"{run.label}: pacing armed {100 * on_measured:.0f}% of the measured steps "
                      f"(green), delays on {100 * delayed_measured:.0f}%", fontsize=10)
         ax.grid(alpha=0.3)
         if delayed.any():

@@ -1,5 +1,5 @@
 """Live view: logs each step's telemetry scalars to TensorBoard, the same figures the report
-plots (step time, arrival spread, entry spread after pacing, transfer, straggler, pacing on,
+plots (step time, arrival spread, entry spread after pacing, transfer, straggler, pacing armed,
 delays), so a running job shows its coordination costs next to its loss curve.
 
     from gpupace.report.tensorboard import TensorBoardLogger
