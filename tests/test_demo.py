@@ -234,9 +234,11 @@ def test_the_noise_line_says_when_a_phase_gave_no_throughput():
     assert noise_line(r) == ("the two baseline phases, the same code at the run's two ends, "
                              "differ in throughput by 4.2%: a change of about that size is this "
                              "machine's noise (each paced phase against the baseline beside it: "
-                             "+2.0%, -1.5%; 4 ranks share 2 cores)")
+                             "+2.0%, -1.5%; 4 ranks share 2 cores); one run's gauge can "
+                             "understate it: repeat the run before reading a change as pacing's")
     r.update(phase_spread_pct={"baseline": float("nan"), "paced": 1.0},
              pair_gain_pct=[float("nan"), 3.0], cores=8)
     assert noise_line(r) == ("this machine's noise could not be gauged (a baseline phase had no "
                              "throughput) (each paced phase against the baseline beside it: "
-                             "n/a, +3.0%)")
+                             "n/a, +3.0%); one run's gauge can understate it: repeat the run "
+                             "before reading a change as pacing's")
