@@ -4,6 +4,7 @@ and a place for Numba's disk cache where the install has none."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import threading
 from typing import Any
@@ -30,24 +31,52 @@ def _probe() -> int:
 def ensure_numba_cache() -> str | None:
     """gpupace's kernels are `njit(cache=True)`, and Numba refuses to decorate one (a
     RuntimeError at import) when it can write neither beside the source (a read-only install,
-    a container image) nor in the user's cache folder (no writable HOME), unless
-    NUMBA_CACHE_DIR names a place. Then this names one, under the system's temp folder (for
-    this process and the ranks it spawns), and says so once. Returns that folder, or None
-    when Numba had a place. Decorating a function of this file finds out as Numba would for
-    the kernels' files beside it, without compiling anything."""
+    a container image) nor in the user's cache folder (no writable HOME), nor in
+    NUMBA_CACHE_DIR when that is set. Then this names a folder of this user's alone under the
+    system's temp folder, and says so once; each process that imports gpupace (the ranks it
+    spawns too) does the same. Returns that folder, or None when Numba had a place.
+    Decorating a function of this file finds out as Numba would for the kernels' files beside
+    it, without compiling anything."""
     import numba
 
     try:
         numba.njit(cache=True)(_probe)
         return None
     except RuntimeError:  # "cannot cache function ...: no locator available for file ..."
-        uid = os.getuid() if hasattr(os, "getuid") else "user"
-        path = os.path.join(tempfile.gettempdir(), f"gpupace-numba-cache-{uid}")
-        os.environ["NUMBA_CACHE_DIR"] = path
-        numba.config.CACHE_DIR = path
-        from .warn import warn
+        pass
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    path = _private_cache_dir()
+    numba.config.CACHE_DIR = path
+    os.environ["NUMBA_CACHE_DIR"] = path
+    try:  # not a change of the environment that Numba re-reads all its settings on
+        numba.core.config._env_reloader.old_environ["NUMBA_CACHE_DIR"] = path
+    except (AttributeError, TypeError):  # another Numba: at worst, it re-reads them once
+        pass
+    from .warn import warn
 
-        warn(f"gpupace: Numba can write its compiled kernels neither beside gpupace "
-             f"({os.path.dirname(os.path.abspath(__file__))}) nor in the user's cache folder: "
-             f"they are cached in {path} (set NUMBA_CACHE_DIR to choose a place)")
-        return path
+    where = (f"NUMBA_CACHE_DIR ({given})" if given else
+             f"beside gpupace ({os.path.dirname(os.path.abspath(__file__))}) nor in the "
+             f"user's cache folder")
+    warn(f"gpupace: Numba cannot write its compiled kernels {'in ' if given else ''}{where}: "
+         f"they are cached in {path} (set NUMBA_CACHE_DIR to a writable folder to choose)")
+    return path
+
+
+def _private_cache_dir() -> str:
+    """gpupace-numba-cache-<uid> in the temp folder, if it is this user's own folder that no
+    one else can write (Numba unpickles its index files: a folder another user made first
+    would let them run code here); else a fresh folder of a random name."""
+    tmp = tempfile.gettempdir()
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None:
+        path = os.path.join(tmp, f"gpupace-numba-cache-{uid}")
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return tempfile.mkdtemp(prefix="gpupace-numba-cache-")
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
+            return path
+    return tempfile.mkdtemp(prefix="gpupace-numba-cache-")

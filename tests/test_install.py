@@ -2,6 +2,8 @@
 and no writable HOME. Numba's disk cache then has no place unless gpupace names one; without
 it, `import gpupace` raised ("cannot cache function ...: no locator available")."""
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,9 +18,11 @@ import warnings
 warnings.simplefilter("always")
 import numpy as np
 import numba
+numba.config.THREADING_LAYER = "workqueue"  # the user's own Numba setting
 import gpupace
 from gpupace.policy_fast import median_known
-print(median_known(np.array([1.0, 2.0, 3.0])), numba.config.CACHE_DIR, gpupace.__file__)
+print(median_known(np.array([1.0, 2.0, 3.0])), numba.config.CACHE_DIR, gpupace.__file__,
+      numba.config.THREADING_LAYER)
 """
 
 
@@ -33,8 +37,12 @@ def _read_only_mounts_work(folder: Path) -> bool:
                           timeout=30).returncode == 0
 
 
+@pytest.mark.parametrize("squatted", [False, True])
 def test_a_read_only_install_without_a_writable_home_imports_and_caches_in_the_temp_folder(
-        tmp_path):
+        tmp_path, squatted):
+    """`squatted`: the temp folder's gpupace-numba-cache-<uid> exists and others can write it
+    (made first by another user, say): Numba unpickles what it finds there, so a folder of a
+    random name is used instead."""
     pkg, tmp = tmp_path / "site", tmp_path / "tmp"
     pkg.mkdir()
     tmp.mkdir()
@@ -42,14 +50,21 @@ def test_a_read_only_install_without_a_writable_home_imports_and_caches_in_the_t
         pytest.skip("this machine cannot remount a folder read-only (needs root and unshare)")
     shutil.copytree(Path(gpupace.__file__).parent, pkg / "gpupace",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    usual = tmp / f"gpupace-numba-cache-{os.getuid()}"
+    if squatted:
+        usual.mkdir()
+        usual.chmod(0o777)
     run = (f"mount --bind {pkg} {pkg} && mount -o remount,ro,bind {pkg} {pkg} && "
            f"env -u NUMBA_CACHE_DIR HOME=/proc/no-home TMPDIR={tmp} PYTHONPATH={pkg} "
-           f"{sys.executable} -c '{SCRIPT}'")
+           f"{sys.executable} -c {shlex.quote(SCRIPT)}")
     out = subprocess.run(["unshare", "-m", "sh", "-c", run], capture_output=True, text=True,
                          timeout=120, cwd=tmp)  # not the checkout's folder: its gpupace first
     assert out.returncode == 0, out.stderr[-3000:]
-    median, cache_dir, where = out.stdout.split()
+    median, cache_dir, where, layer = out.stdout.split()
     assert float(median) == 2.0 and Path(where).is_relative_to(pkg)
+    assert layer == "workqueue"  # Numba did not re-read its settings from the environment
     assert Path(cache_dir).parent == tmp and cache_dir.startswith(str(tmp / "gpupace-numba-cache"))
+    assert (Path(cache_dir) == usual) != squatted
+    assert Path(cache_dir).stat().st_mode & 0o777 == 0o700
     assert "they are cached in" in out.stderr and "set NUMBA_CACHE_DIR" in out.stderr
     assert list(Path(cache_dir).rglob("*median_known*.nbi"))  # compiled, and cached there
