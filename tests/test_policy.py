@@ -460,6 +460,14 @@ def test_an_exit_stamp_still_running_on_another_thread_when_step_comes_is_waited
         warnings.simplefilter("error")  # the "had not completed" warning fails the test
         eng.end_step(0, 0.0)
     assert eng._last_exit_ns[0] > 0 and eng._prev_exit0 is not None  # stamped in that step
+    # What it keeps for step() is bounded when step() never comes (each entry holds its
+    # collective's result): the sites past max_sites are timed for nobody anyway
+    eng.exit = stamp
+    for _ in range(3 * eng.max_sites):
+        done = torch.futures.Future()
+        done.set_result(torch.zeros(1))
+        eng.leave(eng.arrive(), Work())
+    assert len(eng._stamping) == eng.max_sites
 
 
 @pytest.mark.parametrize("delay_us", [0.0, 150.0, 5_000.0])

@@ -150,7 +150,9 @@ class HostEngine:
             self.exit(ticket)
         else:
             done = work.get_future()
-            self._stamping.append((done, done.then(lambda _: self.exit(ticket))))
+            stamped = done.then(lambda _: self.exit(ticket))
+            if ticket[1] < self.max_sites:  # bounded (each holds its result) if step() never comes
+                self._stamping.append((done, stamped))
 
     # -- per step ---------------------------------------------------------------------------
     def end_step(self, step: int, time_s: float) -> StepRecord | None:
@@ -208,14 +210,15 @@ class HostEngine:
 
     def _await_stamps(self) -> None:
         """Waits for the exit stamps of the step's async collectives that have completed. A
-        work's future runs its callbacks on the thread that completes it (gloo's), and DDP's
-        hook future is another callback of it: the training thread may return from backward
-        and call step() while the exit stamp is still on its way (one step in ~3000 of the
-        README's loop was unmeasured so). A collective not completed is not waited for (the
-        step's warning names it)."""
+        work's future runs its callbacks on the thread that completes it (gloo's), or at once
+        on the thread that adds one to a completed future: when the work completes between
+        the exit stamp's `then` and DDP's, gloo's thread holds the stamp (waiting for the GIL)
+        while the training thread runs DDP's callback, returns from backward and calls step()
+        (one step in ~3000 of the README's loop was unmeasured so). A collective not completed
+        is not waited for (the step's warning names it)."""
         for done, stamped in self._stamping:
             if done.done():
-                with contextlib.suppress(Exception):  # a failed collective: its wait unknown
+                with contextlib.suppress(Exception):  # the stamp itself failed: wait unknown
                     stamped.wait()
         self._stamping.clear()
 
