@@ -418,6 +418,11 @@ def iter_records(path: str | os.PathLike, skipped: list[str]) -> Iterator[StepRe
             yield record
 
 
+class NotTelemetry(ValueError):
+    """A file whose first line is no gpupace telemetry header: another tool's, not a damaged
+    or newer gpupace file."""
+
+
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
     """The header of a telemetry file alone (its first line), checked as `read_telemetry` does."""
     path = Path(path)
@@ -445,9 +450,9 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
     try:
         header = json.loads(first)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
+        raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
     if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
-        raise ValueError(f"{path}: line 1 is not a gpupace telemetry header")
+        raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header")
     for name in ("format", "world_size", "rank"):  # what the reader sizes and sorts by
         v = header.get(name)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

@@ -200,8 +200,15 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     assert [r.label for r in runs] == ["baseline", "paced"]
     assert any("passed over" in n and "metrics.jsonl: line 1 is not a gpupace telemetry "
                "header" in n for n in runs[0].notes), runs[0].notes
-    with pytest.raises(ValueError, match="metrics.jsonl: line 1 is not a gpupace telemetry"):
-        load_runs([d / "metrics.jsonl"])
+    for given in ([d / "metrics.jsonl"], [d, d / "metrics.jsonl"], [d / "metrics.jsonl", d]):
+        with pytest.raises(ValueError, match="metrics.jsonl: line 1 is not a gpupace telemetry"):
+            load_runs(given)  # named, with its directory or not: the user meant it
+    # a gpupace file the reader cannot take (a newer format) is not another tool's: refused
+    newer = dict(json.loads(lines[0]), format=99)
+    (d / "newer.jsonl").write_text("\n".join([json.dumps(newer), *lines[1:]]) + "\n")
+    with pytest.raises(ValueError, match="newer.jsonl: format 99 is newer"):
+        load_runs([d])
+    (d / "newer.jsonl").unlink()
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "metrics.jsonl").write_text('{"loss": 0.5}\n')
     with pytest.raises(ValueError, match="no gpupace telemetry among the files given: .*metrics"):
@@ -298,6 +305,17 @@ def test_an_interrupted_report_leaves_the_earlier_one_whole(sim_dir, tmp_path, c
     monkeypatch.setattr(report_cli, "make_all", interrupted)
     assert main(["report", str(a), "--out", str(out), "--quiet", "--json"]) == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # A folder of the user's named as one of the report's files: refused before anything of
+    # the earlier report is removed (a move onto it failed half-way through)
+    monkeypatch.setattr(report_cli, "make_all", plot)
+    plot_name = sorted(n for n in before if n.endswith(".png"))[0]
+    (out / plot_name).unlink()
+    (out / plot_name).mkdir()
+    rc, cap = _report(tmp_path, capsys, a)
+    assert rc == 2 and f"holds folders named as the report's files ({plot_name})" in cap.err
+    left = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert left == {k: v for k, v in before.items() if k != plot_name}
+    assert not [p for p in out.iterdir() if p.name.startswith(".gpupace-report-")]
 
 
 def test_without_out_the_text_alone_and_nothing_written(sim_dir, tmp_path, capsys,

@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
                                                    encoding="utf-8")
         page = staging / "report.html"
         page.write_text(render(runs, diags, plots, staging), encoding="utf-8")
+        if taken := sorted(p.name for p in staging.iterdir() if (out / p.name).is_dir()):
+            raise ValueError(f"--out {out} holds folders named as the report's files "
+                             f"({', '.join(taken)}): move them, or give another --out")
         _clear_earlier_report(out)
         for path in sorted(staging.iterdir(), key=lambda p: p == page):  # the page last
             path.replace(out / path.name)
@@ -95,5 +98,7 @@ def _clear_earlier_report(out: Path) -> None:
         return
     names = re.findall(r"data-file='([^'/\\]+)'", page.read_text(encoding="utf-8",
                                                                    errors="replace"))
-    for name in {"report.html", "findings.json", *names}:
-        (out / name).unlink(missing_ok=True)
+    for name in ["report.html", *sorted({"findings.json", *names} - {"report.html"})]:
+        path = out / name
+        if not path.is_dir():  # a folder of the user's that the page names: not ours
+            path.unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, first_measured_step, iter_records, read_header
+from ..telemetry import NotTelemetry, StepRecord, first_measured_step, iter_records, read_header
 
 # Files at least this large get a heartbeat on stderr while they are read.
 PROGRESS_BYTES = 5_000_000
@@ -295,11 +295,13 @@ def _run_key(header: dict[str, Any]) -> str:
 def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
     """The files to read: a directory stands for its *.jsonl files, sorted (what
     `gpupace demo --telemetry DIR` writes: baseline-1.jsonl, paced-1.jsonl, ...); and which
-    of them a directory stood for, not named (another tool's .jsonl there is passed over)."""
+    of them only a directory stood for, none named too (another tool's .jsonl there is passed
+    over; one named is refused)."""
     if not paths:
         raise ValueError("no telemetry files given")
     files: list[Path] = []
-    listed: set[Path] = set()
+    listed: set[Path] = set()  # resolved, as `named`
+    named: set[Path] = set()
     for given in paths:
         if not str(given).strip():  # Path("") is ".": the current folder, not what was meant
             raise ValueError("a telemetry path is empty")
@@ -309,10 +311,11 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
             if not found:
                 raise ValueError(f"{p} is a directory with no .jsonl telemetry files")
             files += found
-            listed.update(found)
+            listed.update(f.resolve() for f in found)
         else:
             files.append(p)
-    return files, listed
+            named.add(p.resolve())
+    return files, listed - named
 
 
 def _once_each(files: Sequence[Path]) -> tuple[list[Path], dict[Path, int]]:
@@ -377,8 +380,8 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     for path in files:
         try:
             header = read_header(path)
-        except ValueError as e:
-            if path not in listed:  # named: the user meant it
+        except NotTelemetry as e:
+            if path.resolve() not in listed:  # named: the user meant it
                 raise
             passed_over.append(str(e))
             continue
