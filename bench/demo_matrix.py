@@ -32,6 +32,8 @@ from bench.harness import Machine, description, require_positive  # noqa: E402
 from gpupace.demo import SCENARIOS, WAITS  # noqa: E402
 
 CASE_TIMEOUT_S = 900  # the demo's own --timeout is 600 s for its ranks
+ROOT = Path(__file__).resolve().parent.parent  # run from here: this checkout's gpupace, the
+# commit the results name (from elsewhere `python -m gpupace` finds the installed one)
 
 
 def run_case(scenario: str, wait: str) -> dict:
@@ -41,7 +43,8 @@ def run_case(scenario: str, wait: str) -> dict:
         t0 = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-m", "gpupace", "demo", "--scenario", scenario, "--wait", wait,
-             "--json", str(out)], capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+             "--json", str(out)], capture_output=True, text=True, timeout=CASE_TIMEOUT_S,
+            cwd=ROOT)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"gpupace demo --scenario {scenario} --wait {wait} failed "
@@ -100,6 +103,8 @@ def markdown(machine: Machine, runs: list[dict], noise: dict) -> str:
         "four alternating phases, baseline-paced-paced-baseline), from `python "
         "bench/demo_matrix.py`; statistics over the steps of each phase after the pacer has "
         "settled, on both sides.",
+        f"- Pacer settings from the environment: "
+        f"{', '.join(runs[0].get('env_settings') or []) or 'none'}.",
         "- Read the rows with no delay first: both sides ran the same code there, so their "
         "change is this machine's noise, as is how far the two baseline phases of a run "
         "differ. A gain or loss of that size is not a finding.", "",

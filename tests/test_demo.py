@@ -91,7 +91,8 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys, monkeypa
     assert noise["baseline_phases_apart_pct"] == [spread["baseline"]] * 2
     assert noise["change_without_delays_pct"] == (
         [result["throughput_gain_pct"]] * 2 if paced["delayed_fraction"] == 0 else None)
-    assert line in markdown(Machine.probe(), [result], noise)
+    page = markdown(Machine.probe(), [result], noise)
+    assert line in page and "Pacer settings from the environment: GPUPACE_GUARD_US=20." in page
     result["throughput_gain_pct"] = None
     assert "| n/a |" in row(result)
     delay_by_rank = np.zeros(2)
