@@ -17,7 +17,10 @@ def compile_once(kernel: Any, signature: tuple) -> None:
     cache, and turns further compiles off, so that an argument of another type raises
     TypeError instead of compiling inside a training loop. Does nothing once compiled. Under a
     lock: a second thread would otherwise find compiling already disabled by the first, and
-    raise."""
+    raise. Under NUMBA_DISABLE_JIT=1 (a debugging run) the kernel is the plain Python function:
+    nothing to compile."""
+    if not hasattr(kernel, "signatures"):
+        return
     with _compiling:
         if not kernel.signatures:
             kernel.compile(signature)

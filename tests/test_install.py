@@ -68,3 +68,19 @@ def test_a_read_only_install_without_a_writable_home_imports_and_caches_in_the_t
     assert Path(cache_dir).stat().st_mode & 0o777 == 0o700
     assert "they are cached in" in out.stderr and "set NUMBA_CACHE_DIR" in out.stderr
     assert list(Path(cache_dir).rglob("*median_known*.nbi"))  # compiled, and cached there
+
+
+def test_a_pacer_runs_with_numba_jit_disabled():
+    """NUMBA_DISABLE_JIT=1 (a debugging run) makes the kernels plain functions: Pacer() raised
+    AttributeError ('function' object has no attribute 'signatures')."""
+    script = ("from gpupace import Pacer, PaceConfig\n"
+              "p = Pacer(PaceConfig(mode='pace', warmup_steps=0))\n"
+              "for _ in range(3):\n"
+              "    with p.site('x'):\n"
+              "        pass\n"
+              "    p.step()\n"
+              "print(p.summary()['steps'])\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "NUMBA_DISABLE_JIT": "1"},
+                         cwd=Path(gpupace.__file__).parent.parent)
+    assert out.returncode == 0 and out.stdout.split() == ["3"], out.stderr[-2000:]
