@@ -1,6 +1,7 @@
-"""gpupace where its install cannot be written: a read-only package folder (a container image)
-and no writable HOME. Numba's disk cache then has no place unless gpupace names one; without
-it, `import gpupace` raised ("cannot cache function ...: no locator available")."""
+"""gpupace's Numba kernels in unusual installs: a read-only package folder (a container image)
+with no writable HOME, where Numba's disk cache has no place unless gpupace names one (without
+it, `import gpupace` raised "cannot cache function ...: no locator available"); and Numba's
+JIT switched off for debugging."""
 
 import os
 import shlex
