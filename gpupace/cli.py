@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
+import tempfile
 from pathlib import Path
 
 # name -> (module, one-line help)
@@ -92,10 +92,17 @@ def check_output_dir(option: str, path: str) -> None:
 
 def _unwritable(folder: Path) -> Path | None:
     """`folder`'s nearest existing self or parent when that is not a writable directory (the
-    missing folders below it could not be made), else None."""
+    missing folders below it could not be made), else None. Found by writing a file there:
+    os.access says yes to root everywhere, /proc and read-only mounts included."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    return None if folder.is_dir() and os.access(folder, os.W_OK) else folder
+    if not folder.is_dir():
+        return folder
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError:
+        return folder
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,6 +200,12 @@ def test_demo_checks_its_output_paths_before_the_run(tmp_path, capsys):
     assert "--json must be a file path, got an empty string" in capsys.readouterr().err
     assert main(["demo", "--telemetry", ""]) == 2
     assert "--telemetry must be a folder path, got an empty string" in capsys.readouterr().err
+    # A folder no file can be made in, for root too (os.access said yes: the run went on for
+    # 26 s and its JSON was lost)
+    if Path("/proc").is_dir():
+        assert main(["demo", "--json", "/proc/demo.json"]) == 2
+        assert ("--json must be a path whose folder can be created and written, got "
+                "'/proc/demo.json' (/proc is not a writable directory)" in capsys.readouterr().err)
 
 
 @pytest.mark.timeout(60)
