@@ -36,8 +36,8 @@ def ensure_numba_cache() -> str | None:
     RuntimeError at import) when it can write neither beside the source (a read-only install,
     a container image) nor in the user's cache folder (no writable HOME), nor in
     NUMBA_CACHE_DIR when that is set. Then this names a folder of this user's alone under the
-    system's temp folder, and says so once; each process that imports gpupace (the ranks it
-    spawns too) does the same. Returns that folder, or None when Numba had a place.
+    system's temp folder, in NUMBA_CACHE_DIR too (so the ranks a process spawns take it), and
+    says so once. Returns that folder, or None when Numba had a place.
     Decorating a function of this file finds out as Numba would for the kernels' files beside
     it, without compiling anything."""
     import numba
@@ -66,20 +66,25 @@ def ensure_numba_cache() -> str | None:
 
 
 def _private_cache_dir() -> str:
-    """gpupace-numba-cache-<uid> in the temp folder, if it is this user's own folder that no
+    """gpupace-numba-cache-<uid> in the temp folder, if it is a folder of this user's that no
     one else can write (Numba unpickles its index files: a folder another user made first
-    would let them run code here); else a fresh folder of a random name."""
-    tmp = tempfile.gettempdir()
-    uid = os.getuid() if hasattr(os, "getuid") else None
+    would let them run code here; lstat, so a symlink is not one), made private if others
+    could read it; else a fresh folder of a random name, a cold cache for this process."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
     if uid is not None:
-        path = os.path.join(tmp, f"gpupace-numba-cache-{uid}")
+        path = os.path.join(tempfile.gettempdir(), f"gpupace-numba-cache-{uid}")
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             pass
         except OSError:
             return tempfile.mkdtemp(prefix="gpupace-numba-cache-")
-        st = os.lstat(path)
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o077:
-            return path
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
+                if st.st_mode & 0o077:
+                    os.chmod(path, 0o700)
+                return path
+        except OSError:  # gone since (a temp-folder clean-up), or not ours to chmod
+            pass
     return tempfile.mkdtemp(prefix="gpupace-numba-cache-")

@@ -85,3 +85,68 @@ def test_a_pacer_runs_with_numba_jit_disabled():
                          timeout=120, env={**os.environ, "NUMBA_DISABLE_JIT": "1"},
                          cwd=Path(gpupace.__file__).parent.parent)
     assert out.returncode == 0 and out.stdout.split() == ["3"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("there", ["nothing", "own 0755", "own 0777", "symlink", "file",
+                                   "another user's"])
+def test_the_numba_cache_folder_is_this_users_alone(tmp_path, monkeypatch, there):
+    """The usual folder when it is, or can be made, this user's alone (made private if others
+    could read it: a run before this check made it 0755); a fresh one when anyone else could
+    write it, it is a link or a file, or another user owns it (Numba unpickles what it finds
+    there)."""
+    import tempfile
+
+    from gpupace.jit import _private_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    usual = tmp_path / f"gpupace-numba-cache-{os.geteuid()}"
+    if there.startswith("own"):
+        usual.mkdir()
+        usual.chmod(int(there.split()[1], 8))
+    elif there == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        usual.symlink_to(tmp_path / "elsewhere")
+    elif there == "file":
+        usual.write_text("")
+    elif there == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("giving a folder to another user needs root")
+        usual.mkdir(mode=0o700)
+        os.chown(usual, 65534, 65534)
+    got = Path(_private_cache_dir())
+    assert (got == usual) == (there in ("nothing", "own 0755")), got
+    assert got.parent == tmp_path and got.is_dir() and not got.is_symlink()
+    assert got.stat().st_mode & 0o777 == 0o700 and got.stat().st_uid == os.geteuid()
+
+
+def test_without_a_numba_cache_place_one_is_named_and_numba_keeps_its_settings(tmp_path,
+                                                                              monkeypatch):
+    """The fallback in this process, with Numba's refusal stood in for (the real one needs a
+    read-only mount: the test above, as root): NUMBA_CACHE_DIR and Numba's config name the
+    folder, and Numba does not take that for a change of its environment, which would re-read
+    every setting the user made in code."""
+    import tempfile
+
+    import numba
+    import numba.core.config as numba_config
+
+    from gpupace import jit
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
+    monkeypatch.delenv("NUMBA_CACHE_DIR")  # restored as it was after the test
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")
+    monkeypatch.setattr(numba.config, "THREADING_LAYER", "workqueue")
+    reloader = numba_config._env_reloader
+    monkeypatch.setattr(reloader, "old_environ", dict(reloader.old_environ))
+
+    def no_place(**_):
+        raise RuntimeError("cannot cache function '_probe': no locator available for file")
+
+    monkeypatch.setattr(numba, "njit", no_place)
+    with pytest.warns(RuntimeWarning, match="they are cached in .*gpupace-numba-cache"):
+        path = jit.ensure_numba_cache()
+    assert os.environ["NUMBA_CACHE_DIR"] == numba.config.CACHE_DIR == path
+    assert Path(path).parent == tmp_path
+    numba_config.reload_config()  # what Numba runs before each compile
+    assert numba.config.THREADING_LAYER == "workqueue" and numba.config.CACHE_DIR == path
