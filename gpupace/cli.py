@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -75,6 +76,12 @@ def check_output_file(option: str, path: str) -> None:
     if (folder := _unwritable(p.parent)) is not None:
         raise ValueError(f"{option} must be a path whose folder can be created and written, "
                          f"got {path!r} ({folder} is not a writable directory)")
+    if p.exists():  # opened to append: nothing created, nothing cut
+        try:
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+        except OSError as e:
+            raise ValueError(f"{option} must be a file that can be written, got {path!r} "
+                             f"({e.strerror})") from None
 
 
 def check_output_dir(option: str, path: str) -> None:
@@ -98,11 +105,13 @@ def _unwritable(folder: Path) -> Path | None:
         folder = folder.parent
     if not folder.is_dir():
         return folder
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            return None
+    try:  # a named file, closed and removed (an unnamed one can linger on some mounts)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".gpupace-probe-")
     except OSError:
         return folder
+    os.close(fd)
+    os.unlink(probe)
+    return None
 
 
 if __name__ == "__main__":

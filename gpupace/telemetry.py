@@ -419,8 +419,9 @@ def iter_records(path: str | os.PathLike, skipped: list[str]) -> Iterator[StepRe
 
 
 class NotTelemetry(ValueError):
-    """A file whose first line is no gpupace telemetry header: another tool's, not a damaged
-    or newer gpupace file."""
+    """A file whose first line is no gpupace telemetry header, or empty: another tool's (a
+    gpupace writer writes its header as it opens the file), not a damaged or newer gpupace
+    file."""
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
@@ -445,8 +446,8 @@ MAX_WORLD_SIZE = 1 << 20  # a header past it is corrupt (the simulator stops at 
 
 def _header(f: TextIO, path: Path) -> dict[str, Any]:
     first = f.readline()
-    if not first.strip():
-        raise ValueError(f"telemetry file {path} is empty")
+    if not first.strip():  # a gpupace writer writes its header when it opens the file
+        raise NotTelemetry(f"telemetry file {path} is empty")
     try:
         header = json.loads(first)
     except json.JSONDecodeError as e:

@@ -33,3 +33,20 @@ def test_version_and_python_dash_m(capsys):
     out = subprocess.run([sys.executable, "-m", "gpupace", "--version"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and out.stdout == f"gpupace {gpupace.__version__}\n"
+
+
+def test_an_output_file_that_exists_must_be_writable(tmp_path):
+    import os
+
+    from gpupace.cli import check_output_file
+
+    mine = tmp_path / "out.json"
+    mine.write_text("kept")
+    check_output_file("--json", str(mine))  # may be written over: fine
+    assert mine.read_text() == "kept"  # the check opened it without cutting it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".gpupace-probe-")]
+    if os.geteuid() == 0:
+        pytest.skip("root may write a read-only file")
+    mine.chmod(0o444)
+    with pytest.raises(ValueError, match="--json must be a file that can be written"):
+        check_output_file("--json", str(mine))

@@ -196,6 +196,8 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     # Another tool's .jsonl beside them (training metrics) is passed over, with a note; named
     # on its own it is refused, and a directory of nothing else is
     (d / "metrics.jsonl").write_text('{"loss": 0.5}\n')
+    (d / "created-not-written.jsonl").write_text("")  # no gpupace writer leaves a file empty
+    (d / "a-folder.jsonl").mkdir()
     runs = load_runs([d])
     assert [r.label for r in runs] == ["baseline", "paced"]
     assert any("passed over" in n and "metrics.jsonl: line 1 is not a gpupace telemetry "
@@ -209,6 +211,7 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     with pytest.raises(ValueError, match="newer.jsonl: format 99 is newer"):
         load_runs([d])
     (d / "newer.jsonl").unlink()
+    assert sum("passed over" in n for n in load_runs([d])[0].notes) == 2  # not the folder
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "metrics.jsonl").write_text('{"loss": 0.5}\n')
     with pytest.raises(ValueError, match="no gpupace telemetry among the files given: .*metrics"):

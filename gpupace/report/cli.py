@@ -98,7 +98,8 @@ def _clear_earlier_report(out: Path) -> None:
         return
     names = re.findall(r"data-file='([^'/\\]+)'", page.read_text(encoding="utf-8",
                                                                    errors="replace"))
-    for name in ["report.html", *sorted({"findings.json", *names} - {"report.html"})]:
+    # the page last: it lists the rest, for a later run to find if this one is interrupted
+    for name in [*sorted({"findings.json", *names} - {"report.html"}), "report.html"]:
         path = out / name
         if not path.is_dir():  # a folder of the user's that the page names: not ours
             path.unlink(missing_ok=True)

@@ -307,7 +307,7 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
             raise ValueError("a telemetry path is empty")
         p = Path(given)
         if p.is_dir():
-            found = sorted(p.glob("*.jsonl"))
+            found = sorted(f for f in p.glob("*.jsonl") if f.is_file())  # not a folder, a FIFO
             if not found:
                 raise ValueError(f"{p} is a directory with no .jsonl telemetry files")
             files += found
