@@ -32,8 +32,10 @@ from bench.harness import Machine, description, require_positive  # noqa: E402
 from gpupace.demo import SCENARIOS, WAITS  # noqa: E402
 
 CASE_TIMEOUT_S = 900  # the demo's own --timeout is 600 s for its ranks
-ROOT = Path(__file__).resolve().parent.parent  # run from here: this checkout's gpupace, the
-# commit the results name (from elsewhere `python -m gpupace` finds the installed one)
+# Run from here: this checkout's gpupace, the commit the results name (from elsewhere `python
+# -m gpupace` finds the installed one). Its gpupace.kernels comes from kernels/ through the
+# editable install (`pip install -e .`), as the README installs it.
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_case(scenario: str, wait: str) -> dict:
