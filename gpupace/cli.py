@@ -76,9 +76,9 @@ def check_output_file(option: str, path: str) -> None:
     if (folder := _unwritable(p.parent)) is not None:
         raise ValueError(f"{option} must be a path whose folder can be created and written, "
                          f"got {path!r} ({folder} is not a writable directory)")
-    if p.exists():  # opened to append: nothing created, nothing cut
+    if p.exists():  # opened to append: nothing created, nothing cut (a FIFO: no wait)
         try:
-            os.close(os.open(p, os.O_WRONLY | os.O_APPEND))
+            os.close(os.open(p, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0)))
         except OSError as e:
             raise ValueError(f"{option} must be a file that can be written, got {path!r} "
                              f"({e.strerror})") from None

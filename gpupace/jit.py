@@ -58,7 +58,7 @@ def ensure_numba_cache() -> str | None:
     from .warn import warn
 
     where = (f"NUMBA_CACHE_DIR ({given})" if given else
-             f"beside gpupace ({os.path.dirname(os.path.abspath(__file__))}) nor in the "
+             f"beside gpupace ({os.path.dirname(os.path.abspath(__file__))}) or in the "
              f"user's cache folder")
     warn(f"gpupace: Numba cannot write its compiled kernels {'in ' if given else ''}{where}: "
          f"they are cached in {path} (set NUMBA_CACHE_DIR to a writable folder to choose)")
