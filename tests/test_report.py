@@ -212,6 +212,14 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
         load_runs([d])
     (d / "newer.jsonl").unlink()
     assert sum("passed over" in n for n in load_runs([d])[0].notes) == 2  # not the folder
+    # a job that stopped before its first step: its header alone, passed over in a directory
+    (d / "crashed.jsonl").write_text(json.dumps(dict(header, label="crashed")) + "\n")
+    runs = load_runs([d])
+    assert [r.label for r in runs] == ["baseline", "paced"]
+    assert any("passed over" in n and "crashed.jsonl: no step records" in n
+               for n in runs[0].notes), runs[0].notes
+    with pytest.raises(ValueError, match="crashed.jsonl: no step records"):
+        load_runs([d / "crashed.jsonl"])
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "metrics.jsonl").write_text('{"loss": 0.5}\n')
     with pytest.raises(ValueError, match="no gpupace telemetry among the files given: .*metrics"):

@@ -159,7 +159,7 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     skipped = [*skipped, *rejected]
     if not fits:
         why = f"; {len(skipped)} lines skipped, first: {skipped[0]}" if skipped else ""
-        raise ValueError(f"{path}: no step records{why}")
+        raise NoRecords(f"{path}: no step records{why}")
     fits = np.asarray(fits, dtype=np.int64)
     steps = np.asarray(scalars["step"], dtype=np.int64)[fits]
     order = np.argsort(steps, kind="stable")
@@ -292,6 +292,11 @@ def _run_key(header: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
+class NoRecords(ValueError):
+    """A telemetry file with a header and no step record it can read (a job that stopped
+    before its first step)."""
+
+
 def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
     """The files to read: a directory stands for its *.jsonl files, sorted (what
     `gpupace demo --telemetry DIR` writes: baseline-1.jsonl, paced-1.jsonl, ...); and which
@@ -368,8 +373,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     """One `Run` per run among `paths` (files, or directories of *.jsonl files), in the order
     first given. Raises ValueError for a missing, empty or non-gpupace file named, or one with
     no readable step record; a directory's .jsonl file that is not telemetry (another tool's
-    log) is passed over, with a note on the first run; lines cut short or corrupt are skipped
-    and listed in `Run.skipped`."""
+    log) or holds no step record (a job that stopped before its first step) is passed over,
+    with a note on the first run; lines cut short or corrupt are skipped and listed in
+    `Run.skipped`."""
     given, listed = expand(paths)
     files, repeats = _once_each(given)
     # Grouped by their headers first: of one run's rank files (each holds every rank's rows)
@@ -398,8 +404,14 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
         path, header = group[0]
         label = _label(header, path, labels, len(runs) + 1)
+        try:
+            run = _read_run(label, path, header, [p for p, _ in group[1:]], progress)
+        except NoRecords as e:  # in a directory: a job that stopped before its first step
+            if path.resolve() not in listed:
+                raise
+            passed_over.append(str(e))
+            continue
         labels[label] = path
-        run = _read_run(label, path, header, [p for p, _ in group[1:]], progress)
         run.notes += [f"{p} was given {repeats[p] + 1} times (by name and again in its "
                       "directory, or twice by name): read once" for p, _ in group
                       if p in repeats]
