@@ -183,7 +183,7 @@ def first_measured_step(header: dict[str, Any]) -> int:
     if header.get("source") == "sim":
         return 0
     v = header.get("first_measured_step")
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:  # -5, NaN: none
         cfg = header.get("config")
         v = cfg.get("warmup_steps") if isinstance(cfg, dict) else None
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0

@@ -226,6 +226,20 @@ def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
         load_runs([tmp_path / "other"])
 
 
+def test_a_corrupt_header_step_and_last_ranks_outside_the_run_are_noted(sim_dir, tmp_path):
+    src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    lines = src.read_text().splitlines()
+    header = dict(json.loads(lines[0]), first_measured_step=-5)
+    rec = dict(json.loads(lines[5]), straggler=17)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps(header), *lines[1:5], json.dumps(rec), *lines[6:]]))
+    (run,) = load_runs([bad])
+    assert any(f"1 of {run.steps} records name a last rank outside ranks 0-7: counted as no "
+               "one's" in n
+               for n in run.notes), run.notes
+    assert any("first_measured_step -5 is no step number" in n for n in run.notes), run.notes
+
+
 def test_a_run_without_a_label_is_named_by_its_file(sim_dir, tmp_path):
     """A restarted Pacer keeps the run before as run.jsonl.1: it was labelled "run.jsonl"."""
     src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)

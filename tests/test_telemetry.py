@@ -210,6 +210,8 @@ def test_first_measured_step_comes_from_the_header():
     assert first_measured_step({"source": "sim", "config": {"warmup_steps": 5}}) == 0
     assert first_measured_step({"first_measured_step": True, "config": {}}) == 0
     assert first_measured_step({}) == 0
+    # a corrupt one is no step number: the config's warm-up, not none at all
+    assert first_measured_step({"first_measured_step": -5, "config": {"warmup_steps": 5}}) == 5
 
 
 def test_make_record_sums_sites_as_nansum_and_picks_the_site_of_largest_spread():

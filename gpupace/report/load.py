@@ -191,6 +191,15 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if dropped:
         run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
                          f"the steps; this report covers the {run.steps} written")
+    outside = int(((run.straggler < -1) | (run.straggler >= world)).sum())
+    if outside:  # -1: none (fewer than two ranks known)
+        run.notes.append(f"{path.name}: {outside} of {run.steps} records name a last rank "
+                         f"outside ranks 0-{world - 1}: counted as no one's")
+    given = header.get("first_measured_step")
+    if given is not None and not (isinstance(given, (int, float))
+                                  and not isinstance(given, bool) and given >= 0):
+        run.notes.append(f"{path.name}: the header's first_measured_step {given!r:.40} is no "
+                         f"step number: the warm-up is {run.warmup_steps} steps (the config's)")
     return run
 
 
