@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         stem = args.out / f"demo_{machine.slug('cpu')}_{machine.date[:10].replace('-', '')}"
         stem.with_suffix(".md").write_text(text)
-        payload = {"machine": {k: getattr(machine, k) for k in machine.__slots__},
+        payload = {"machine": asdict(machine),
                    "noise": noise, "runs": runs}
         stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
         print(f"wrote {stem}.md and .json", file=sys.stderr)

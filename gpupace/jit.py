@@ -3,6 +3,7 @@ and a place for Numba's disk cache where the install has none."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -74,17 +75,13 @@ def _private_cache_dir() -> str:
     if uid is not None:
         path = os.path.join(tempfile.gettempdir(), f"gpupace-numba-cache-{uid}")
         try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            return tempfile.mkdtemp(prefix="gpupace-numba-cache-")
-        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022:
                 if st.st_mode & 0o077:
                     os.chmod(path, 0o700)
                 return path
-        except OSError:  # gone since (a temp-folder clean-up), or not ours to chmod
+        except OSError:  # not made, gone since (a temp-folder clean-up), or not ours to chmod
             pass
     return tempfile.mkdtemp(prefix="gpupace-numba-cache-")

@@ -391,14 +391,20 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     # only the lowest rank's is read, not all N.
     groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
     order: list[list[tuple[Path, dict[str, Any]]]] = []
-    passed_over: list[str] = []  # a directory's .jsonl files that are not telemetry
+    passed_over: list[str] = []  # a directory's .jsonl files that hold no run
+
+    def pass_over(path: Path, why: ValueError) -> None:
+        """Notes why a file a directory stood for holds no run; raises it for one named (the
+        user meant it)."""
+        if path.resolve() not in listed:
+            raise why
+        passed_over.append(str(why))
+
     for path in files:
         try:
             header = read_header(path)
         except NotTelemetry as e:
-            if path.resolve() not in listed:  # named: the user meant it
-                raise
-            passed_over.append(str(e))
+            pass_over(path, e)
             continue
         key = _run_key(header)
         group = groups.get(key)
@@ -415,10 +421,8 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         label = _label(header, path, labels, len(runs) + 1)
         try:
             run = _read_run(label, path, header, [p for p, _ in group[1:]], progress)
-        except NoRecords as e:  # in a directory: a job that stopped before its first step
-            if path.resolve() not in listed:
-                raise
-            passed_over.append(str(e))
+        except NoRecords as e:  # a job that stopped before its first step
+            pass_over(path, e)
             continue
         labels[label] = path
         run.notes += [f"{p} was given {repeats[p] + 1} times (by name and again in its "
