@@ -74,7 +74,12 @@ class PaceConfig:
     55/119/363 steps."""
 
     holdoff_max: int | None = None
-    """Upper bound on the holdoff in steps, for very large world sizes."""
+    """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A
+    lower bound paces a persistent straggler sooner at large world sizes, but a bound H below
+    5N lets about e^(-H/N) of the ranks pass the holdoff by chance under random stragglers,
+    and each such delay costs throughput where nothing couples waiting to compute: with the
+    bound at 1000 (the default until 2026-12-01), the simulator's `jitter` preset at 512 ranks
+    lost 0.033% against 0.0017% with none (6,000 steps, seed 0, one-off runs)."""
 
     overshoot_risk: float | None = None
     """Target probability, per step and site, that pacing delays some rank past the last
@@ -205,7 +210,7 @@ DEFAULTS: dict[str, Any] = {
     "floor_rise": 0.05,
     "floor_fall": 1.0,
     "holdoff_factor": 5.0,
-    "holdoff_max": 1000,
+    "holdoff_max": 1_000_000,
     "overshoot_risk": 0.1,
     "warmup_steps": 5,
     "telemetry_interval": 50,

@@ -75,12 +75,29 @@ def test_cli_bad_parameter_is_one_clear_line(tmp_path, capsys):
     (["--steps", "3"], "--steps", "[50,"),
     (["--steps", "0"], "--steps", "got 0"),
     (["--seed", "-1"], "--seed", ">= 0"),
+    (["--nodes", "4096", "--gpus-per-node", "64"], "--nodes x --gpus-per-node",
+     "at most 65536 ranks, got 4096 x 64 = 262144"),
 ])
 def test_cli_rejects_empty_nodes_short_runs_and_names_the_option(capsys, argv, option, expected):
     rc = main(["simulate", "--preset", "quiet", *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert err[0].startswith(f"gpupace simulate: error: {option} ") and expected in err[0]
+
+
+@pytest.mark.timeout(30)
+def test_a_run_too_big_for_memory_is_refused_before_any_runs(tmp_path, capsys):
+    """10,000,000 steps at 4096 nodes ran the smaller counts first, then stopped on a NumPy
+    MemoryError traceback (1.2 TiB asked for); at 64 nodes it would have run for hours first."""
+    js = tmp_path / "t.json"
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "1,4096", "--steps", "10000000",
+               "--json", str(js)])
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and not cap.out, cap
+    assert "10,000,000 steps x 32,768 ranks need 2,442.4 GiB" in err[0]
+    assert "use fewer steps or ranks" in err[0]
+    assert not js.exists()
 
 
 @pytest.mark.timeout(30)
@@ -102,7 +119,7 @@ def test_telemetry_names_that_runs_would_write_over_are_refused(tmp_path, capsys
 
 
 def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
-    """At 64 nodes (512 ranks) a rank is delayed only after 1000 steps on time (the holdoff):
+    """At 64 nodes (512 ranks) a rank is delayed only after 2560 steps on time (the holdoff):
     in a run of 200 steps, whose second half is measured, gpupace's row there shows the
     policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 48 steps)."""
     js = tmp_path / "t.json"
@@ -110,7 +127,7 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
                  "--json", str(js)]) == 0
     note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
     assert len(note) == 1 and "(100 on): 64 node(s) 0%." in note[0], note
-    assert "Use --steps 2216 or more" in note[0]
+    assert "Use --steps 5336 or more" in note[0]
     assert json.loads(js.read_text())["notes"] == note
 
 

@@ -25,13 +25,21 @@ from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import (
+    MAX_RANKS,
     NCCL_COUPLING,
     PERSISTENT_NCCL_COUPLING,
     PERSISTENT_SPIN_COUPLING,
     SPIN_COUPLING,
     Scenario,
 )
-from .simulate import KEEP_SITES_LIMIT, MAX_STEPS, POLICIES, SimResult, policy_start_step
+from .simulate import (
+    KEEP_SITES_LIMIT,
+    MAX_STEPS,
+    POLICIES,
+    SimResult,
+    check_memory,
+    policy_start_step,
+)
 from .table import finite, format_table, plot_table, scaling_table
 
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
@@ -105,6 +113,9 @@ def check_arguments(args: argparse.Namespace) -> list[int]:
     nodes = parse_nodes(args.nodes)
     if not 1 <= args.gpus_per_node <= 64:
         raise ValueError(f"--gpus-per-node must be an integer in [1, 64], got {args.gpus_per_node}")
+    if max(nodes) * args.gpus_per_node > MAX_RANKS:
+        raise ValueError(f"--nodes x --gpus-per-node must be at most {MAX_RANKS} ranks, got "
+                         f"{max(nodes)} x {args.gpus_per_node} = {max(nodes) * args.gpus_per_node}")
     if not MIN_STEPS <= args.steps <= MAX_STEPS:
         raise ValueError(f"--steps must be an integer in [{MIN_STEPS}, {MAX_STEPS}] (the figures "
                          f"use the second half), got {args.steps}")
@@ -201,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--telemetry needs steps x ranks x buckets <= {KEEP_SITES_LIMIT:,}, got "
             f"{args.steps} x {biggest.ranks} x {biggest.buckets}; use fewer --steps or --nodes")
+    check_memory(args.steps, biggest)
 
     tel = args.telemetry
     keep_last: dict[str, SimResult] = {}
@@ -276,7 +288,7 @@ def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int) -> str | N
     shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}%" for n in late)
     return (f"note: the gpupace policy could delay ranks in only part of the measured steps "
             f"({steps // 2} on): {shares}. A rank is delayed only once it has been on time for "
-            f"the holdoff, 5 steps per rank (at most 1000), so gpupace's rows there show little "
+            f"the holdoff, 5 steps per rank, so gpupace's rows there show little "
             f"of it. Use --steps {2 * need + 200} or more.")
 
 

@@ -7,7 +7,9 @@ Policies:
            its step time; its next delays are applied at the next step.
   oracle   perfect foresight, `gpupace.policy.oracle_delays` on the true natural arrivals of
            each bucket (no guard, no cap; inlined in `engine.oracle_step` for speed, tested
-           equal): the upper bound pacing is judged against.
+           equal): the upper bound pacing is judged against. It delays nobody where the
+           scenario's pacing spin costs compute at least what a waiting collective does
+           (paced_coupling >= coupling): there a delay cannot gain.
 The simulated collectives end at the same instant on every rank, so the clock-free earliness
 the policy estimates equals the true one here; a real fabric adds a few us of exit skew.
 """
@@ -15,6 +17,7 @@ the policy estimates equals the true one here; a real fabric adds a few us of ex
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +36,9 @@ MAX_STEPS = 10_000_000
 # Keep per-site arrays [steps, ranks, sites] (two float64 arrays) only up to this many entries:
 # 64 MB each.
 KEEP_SITES_LIMIT = 8_000_000
+# A run is refused up front when its per-step results would take more than this share of the
+# machine's memory (10,000,000 steps of 4096 ranks asked for 1.2 TiB, and failed only then).
+MEMORY_SHARE = 0.8
 
 
 @dataclass(slots=True)
@@ -68,8 +74,8 @@ class SimResult:
     def summary(self, skip: int | None = None) -> dict[str, Any]:
         """Steady-state figures over steps `skip..` (default: the second half). Throughput in
         samples/s. The policy delays a rank only after its warm-up and the holdoff (5 steps per
-        rank, at most 1000 by default: `policy_start_step`); a run of fewer than twice that
-        many steps shows none of its delays in the second half."""
+        rank by default: `policy_start_step`); a run of fewer than twice that many steps shows
+        none of its delays in the second half."""
         skip = self.steps // 2 if skip is None else skip
         st = self.step_us[skip:]
         st = st[np.isfinite(st)]
@@ -85,6 +91,39 @@ class SimResult:
             "active_fraction": float(self.active[skip:].any(axis=1).mean()),
             "delay_mean": float(self.delay_us[skip:].mean()),
         }
+
+
+def result_bytes(steps: int, ranks: int, buckets: int, keep_sites: bool) -> int:
+    """What one run's per-step results take: per rank, earliness and delay (float32); per
+    bucket, spread (float64) and activity; the step time, contention and regime; with
+    `keep_sites`, per rank and bucket a wait and a delay (float64)."""
+    per_step = 8 * ranks + 9 * buckets + 17 + (16 * ranks * buckets if keep_sites else 0)
+    return steps * per_step
+
+
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def keeps_sites(steps: int, scenario: Scenario) -> bool:
+    """Whether a run keeps its per-site arrays by default: up to KEEP_SITES_LIMIT entries."""
+    return steps * scenario.ranks * scenario.buckets <= KEEP_SITES_LIMIT
+
+
+def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None) -> None:
+    """ValueError, before anything runs, when a run's results would not fit in memory
+    (`keep_sites` None: as `simulate` decides by default)."""
+    keep = keeps_sites(steps, scenario) if keep_sites is None else keep_sites
+    need, have = result_bytes(steps, scenario.ranks, scenario.buckets, keep), machine_memory()
+    if have is not None and need > MEMORY_SHARE * have:
+        raise ValueError(
+            f"{steps:,} steps x {scenario.ranks:,} ranks need {need / 2**30:,.1f} GiB for the "
+            f"per-step results, more than {MEMORY_SHARE:.0%} of this machine's "
+            f"{have / 2**30:,.1f} GiB; use fewer steps or ranks")
 
 
 def policy_start_step(config: PaceConfig, n_ranks: int) -> int:
@@ -125,7 +164,8 @@ def simulate(
     sc = scenario
     n, nb = sc.ranks, sc.buckets
     if keep_sites is None:
-        keep_sites = steps * n * nb <= KEEP_SITES_LIMIT
+        keep_sites = keeps_sites(steps, sc)
+    check_memory(steps, sc, keep_sites)
     draws = Draws(sc, seed)
     params = pol.PolicyParams.from_config(cfg, n)
     state = pol.init_state(n, nb)
