@@ -159,6 +159,35 @@ def test_update_kernel_agrees_with_policy(k, sc):
     assert alone.row[0] == 0 and torch.isnan(alone.row[2:2 + m]).all()
 
 
+@pytest.mark.parametrize("alone", [False, True])
+def test_noisy_early_ranks_get_delays_bounded_by_the_safety_margin_and_the_cap(k, alone):
+    """Delays that three rules shape, kernel against policy at every step: noisy arrivals (so
+    the mean - z sd margin is below the floor: the hypothesis examples, as CI draws them,
+    never gave a delay above zero) and a cap that one rank's delays over its sites reach.
+    Removing either rule from the kernel passed every CPU test before this one."""
+    n, m = 5, 3
+    cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=50.0, release_us=10.0, gain=0.9, guard_us=0.0,
+                     cap_fraction=0.1, floor_rise=0.25)
+    params = policy.PolicyParams.from_config(cfg, n)
+    dev = DeviceSide(k, n, m, rank=0, alone=alone)
+    state = policy.init_state(n, m)
+    rng = np.random.default_rng(0)
+    early = np.array([1000.0, 600.0, 300.0, 100.0, 0.0])
+    margin_bound = capped = 0
+    for _ in range(12):
+        noise = rng.normal(0.0, 120.0, (n, m)).clip(-300.0, 300.0)
+        w = np.round((early[:, None] + noise + 300.0) * 4) / 4  # multiples of 0.25 us
+        d, st_us = np.zeros((n, m)), np.full(n, 10_000.0)
+        dev.step(make_rows(w, d, st_us, m), m, params)
+        state, stats = policy.update(params, state, w, d, st_us)
+        compare(dev, state, m)
+        margin = state.mean - params.safety_z * np.sqrt(np.maximum(state.var, 0.0))
+        margin_bound += int(((margin < state.floor) & (state.delay > 0)).sum())
+        capped += int(np.isclose(state.delay.sum(axis=1), stats.cap_us).sum())
+    assert margin_bound > 0 and capped > 0, (margin_bound, capped)  # both rules were at work
+
+
 def paced(n=3, m=2):
     cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
                      threshold_us=10.0, release_us=5.0, gain=1.0, guard_us=0.0)

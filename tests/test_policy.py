@@ -644,3 +644,49 @@ def test_another_site_count_keeps_what_the_first_sites_learnt():
     stats = update_in_place(params, shrunk, early(2), np.zeros((4, 2)), np.full(4, 1e5),
                             rank=3)
     assert shrunk.step == 61 and stats.delay[3].sum() > 0  # pacing goes on, no warm-up
+
+
+def test_safety_z_is_the_normal_quantile_of_the_risk_shared_by_the_ranks():
+    from gpupace.policy import safety_z
+
+    assert safety_z(0.1, 4) == pytest.approx(1.95996, abs=1e-4)  # 1 - 0.1/4 quantile
+    assert safety_z(0.1, 64) == pytest.approx(2.95517, abs=1e-4)
+    assert safety_z(0.1, 4096) == pytest.approx(4.06117, abs=1e-4)
+    assert safety_z(1.0, 1) == 0.0  # the risk is capped at one half: no margin, never negative
+    assert PolicyParams.from_config(PaceConfig(), 64).safety_z == pytest.approx(2.95517, abs=1e-4)
+
+
+def _early_rank_zero(calm_break_at=None, steps=10):
+    """Rank 0 500 us early at each step, rank 3 last; at `calm_break_at`, rank 0 is last."""
+    w = np.array([[500.0], [300.0], [200.0], [0.0]])
+    late = np.array([[0.0], [300.0], [200.0], [500.0]])
+    return [late if k == calm_break_at else w for k in range(steps)]
+
+
+@pytest.mark.parametrize("calm_break_at,first_delay", [(None, 4), (2, 7)])
+def test_a_rank_is_delayed_only_after_its_holdoff_on_time(calm_break_at, first_delay):
+    """holdoff_factor 1 at 4 ranks: 4 steps. Rank 0's floor rises (and it is delayed) only from
+    its 4th step on time; a step in which it is last starts the count again."""
+    cfg = PACE.replace(holdoff_factor=1.0, guard_us=0.0)
+    assert PolicyParams.from_config(cfg, 4).holdoff_steps == 4
+    stats = run(cfg, _early_rank_zero(calm_break_at))
+    delayed = [k + 1 for k, s in enumerate(stats) if s.delay[0, 0] > 0]  # updates done
+    assert delayed[0] == first_delay and delayed == list(range(first_delay, 11)), delayed
+
+
+def test_a_noisy_early_rank_is_delayed_no_further_than_its_mean_less_z_sd():
+    """The safety margin binds where the floor alone would allow more: a rank early by 1 ms
+    with 150 us of noise keeps its delay below gain x (mean - z sd) - guard."""
+    cfg = PACE.replace(gain=1.0, guard_us=10.0, floor_rise=0.25)
+    n, rng = 4, np.random.default_rng(1)
+    ctl = Controller(cfg, n, 1)
+    bound_by_margin = 0
+    for _ in range(40):
+        w = np.array([[1000.0], [400.0], [200.0], [0.0]]) + rng.normal(0.0, 150.0, (n, 1))
+        w -= w.min()
+        stats = ctl.update(w, np.zeros((n, 1)), np.full(n, 100_000.0))
+        st_ = ctl.state
+        margin = st_.mean - ctl.params.safety_z * np.sqrt(np.maximum(st_.var, 0.0))
+        assert (stats.delay <= np.maximum(margin - cfg.guard_us, 0.0) + 1e-9).all()
+        bound_by_margin += int(((margin < st_.floor) & (stats.delay > 0)).sum())
+    assert bound_by_margin > 0

@@ -197,6 +197,40 @@ def test_summary_figures():
     assert str(one).splitlines()[-1] == "most often last: rank 0 (1 step), rank 1 (1 step)"
 
 
+def test_every_summary_figure_from_distinct_records():
+    """Each figure against NumPy on records whose step times, spreads, entry spreads, delays
+    and switch states all differ (a summary that read p50 for p99, the arrival spread for the
+    entry spread or forgot to divide the delays by the ranks passed the test above)."""
+    rng = np.random.default_rng(3)
+    n, world = 40, 3
+    st = rng.uniform(900.0, 5000.0, n)
+    st[0] = math.nan  # the first step has none
+    sp, entry = rng.uniform(10.0, 900.0, n), rng.uniform(0.0, 40.0, n)
+    sp[5], entry[7] = math.nan, math.inf  # unknown at those steps: left out, not zeros
+    delays = rng.uniform(0.0, 300.0, (n, world)) * (rng.random((n, 1)) < 0.4)
+    active = rng.random(n) < 0.6
+    recs = [record(k, step_time_us=st[k], spread_us=sp[k], residual_us=entry[k],
+                   active=bool(active[k]), delay_us=list(delays[k]), straggler=k % world,
+                   earliness_us=[0.0] * world) for k in range(n)]
+    out = summarize(recs, world_size=world, samples_per_step=8)
+    known, sp_known, entry_known = st[1:], np.delete(sp, 5), np.delete(entry, 7)
+    want = {
+        "step_time_mean": known.mean(), "step_time_cv": known.std() / known.mean(),
+        "step_time_p50": np.percentile(known, 50), "step_time_p99": np.percentile(known, 99),
+        "step_time_max": known.max(), "throughput": 8 * 1e6 / known.mean(),
+        "spread_mean": sp_known.mean(), "spread_p99": np.percentile(sp_known, 99),
+        "entry_spread_mean": entry_known.mean(),
+        "entry_spread_p99": np.percentile(entry_known, 99),
+        "delay_mean": delays.sum() / n / world, "active_fraction": active.mean(),
+        "delayed_fraction": (delays > 0).any(axis=1).mean(),
+    }
+    for key, value in want.items():
+        assert out[key] == pytest.approx(value, rel=1e-12), key
+    assert 0 < out["delayed_fraction"] < out["active_fraction"] < 1  # inputs tell them apart
+    assert out["step_time_p50"] < out["step_time_p99"] < out["step_time_max"]
+    assert out["straggler_histogram"] == [14, 13, 13]
+
+
 def test_chunked_encoding_is_the_same_text():
     """The background writer encodes long lists in chunks; the line must not change."""
     r = record(3, step_time_us=math.nan, earliness_us=[0.5 * k for k in range(1500)],
