@@ -101,9 +101,11 @@ class PaceConfig:
     default): every step up to 127 ranks, then one in world_size // 64 (64 at 4096 ranks)."""
 
     telemetry_path: str | None = None
-    """JSON-lines file for per-step records; `{rank}` in it gives one file per rank, without it
-    only rank 0 writes (it holds every rank's row). None or empty: no file ("" also overrides
-    a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
+    """JSON-lines file for per-step records; `{rank}` in it (the global rank) gives one file
+    per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
+    data-parallel subgroup each group's rank 0, in a file named after the group's lowest
+    global rank (run.jsonl: run.group0.jsonl, run.group2.jsonl, ...). None or empty: no file
+    ("" also overrides a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 
     ring_size: int | None = None
     """Most per-step records kept in memory for `summary()` (the newest ones); `ring_memory_mb`

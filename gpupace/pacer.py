@@ -23,6 +23,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -125,13 +126,17 @@ class Pacer(Joinable):
         self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
         path = self.config.telemetry_path
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
+            subgroup = _subgroup_ranks(group)
+            me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
+            extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
                                  label=label, config=self.config.to_dict(),
                                  samples_per_step=samples_per_step,
                                  process_group_backend=pg_backend, pacer_backend=self.backend,
-                                 telemetry_every=self.telemetry_every, **(telemetry_extra or {}))
+                                 telemetry_every=self.telemetry_every, **extra,
+                                 **(telemetry_extra or {}))
             try:
-                self._writer = TelemetryWriter(path.replace("{rank}", str(self.rank)), header,
+                self._writer = TelemetryWriter(telemetry_file(path, me, subgroup), header,
                                                self.config.telemetry_interval, background=True,
                                                keep_previous=True)
             except OSError as e:  # a side channel: training goes on without it
@@ -230,12 +235,15 @@ class Pacer(Joinable):
             self._names_this_step.append(name)
         elif self._sites_this_step == MISSING_STEP_FACTOR * max(self.config.max_sites,
                                                                 self._sites_most):
+            # Both causes, neither first: before a step() has shown the real count, a model of
+            # many buckets (DDP's first step has one) reaches the threshold in one step.
+            m = self.config.max_sites
             self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced collectives "
-                            "since the last pacer.step(): call pacer.step() once per training "
-                            "step, on every rank, after the step's collectives. Without it "
-                            "nothing is exchanged, paced or recorded. (If one training step "
-                            "really has that many, raise max_sites: only the first "
-                            f"{self.config.max_sites} of a step are timed and paced.)")
+                            "since the last pacer.step(). Either one training step has that "
+                            f"many (raise max_sites: only the first {m} of a step are timed and "
+                            "paced), or pacer.step() is not called once per training step "
+                            "(call it on every rank, after the step's collectives: without it "
+                            "nothing is exchanged, paced or recorded).")
         return self._engine.arrive()
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -263,7 +271,8 @@ class Pacer(Joinable):
             self._warn_once("empty_step", "gpupace: pacer.step() saw no paced collective since "
                             f"the last step() (the step before had {self._sites_last_step}): "
                             "call it once per training step, after the step's collectives, not "
-                            "per micro-batch. Such a step records nothing.")
+                            "per micro-batch. Such a step records nothing and zeroes the next "
+                            "step's delays: with one per micro-batch, nothing is paced.")
         if self._sites_this_step > self.config.max_sites:
             self._warn_once("max_sites", f"gpupace: {self._sites_this_step} paced collectives "
                             f"in this step, and only the first {self.config.max_sites} are "
@@ -493,6 +502,26 @@ class _PacerJoinHook(JoinHook):
         pacer = self.pacer
         if pacer._sites_this_step or not pacer._hooked:
             pacer.step()
+
+
+def _subgroup_ranks(group: Any) -> list[int] | None:
+    """The global ranks of `group` when it is not the whole world (a data-parallel group of a
+    job that also shards its model), else None."""
+    if group is None or not (dist.is_available() and dist.is_initialized()):
+        return None
+    ranks = dist.get_process_group_ranks(group)
+    return ranks if len(ranks) < dist.get_world_size() else None
+
+
+def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> str:
+    """The file a writing rank opens: `{rank}` filled with its global rank; on a subgroup, a
+    path without `{rank}` names the group by its lowest global rank (run.jsonl ->
+    run.group2.jsonl): every group's rank 0 writes, and one file for all had kept one group's
+    and renamed the others' as earlier runs."""
+    if "{rank}" in path or subgroup is None:
+        return path.replace("{rank}", str(global_rank))
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.group{min(subgroup)}{p.suffix}"))
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -140,3 +140,33 @@ def test_one_rank_exchanges_by_copy_or_by_all_gather_for_the_benchmarks(gather_a
     ((calls, gathered),) = run_ranks(_exchanges_alone, 1, gather_alone)
     assert calls == (3 if gather_alone else 0)
     assert gathered[0, 0] == 1 and gathered[0, 2] == pytest.approx(5.0)  # the row: one site, its wait
+
+
+def _disagreeing_device_sites(rank: int, world: int):
+    os.environ["TRITON_INTERPRET"] = "1"
+    import warnings
+
+    from gpupace import PaceConfig
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="pace", max_sites=2), None, rank, world, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            for _ in range(2 if rank == 1 and step == 1 else 1):  # rank 1: one more at step 1
+                ticket = eng.arrive()
+                eng.clk[1] += 5000
+                eng.exit(ticket)
+            eng.end_step(step, 0.0)
+        records = [r.step for r in eng.drain()]
+    return records, [str(w.message) for w in caught]
+
+
+def test_ranks_that_disagree_on_their_device_sites_are_told_and_that_step_left_out():
+    """As on the host: a step whose ranks paced different numbers of sites has no record, and
+    it is said once (the device engine skipped it without a word)."""
+    for records, warned in run_ranks(_disagreeing_device_sites, 2):
+        assert records == [0, 2]
+        assert len(warned) == 1, warned
+        assert "different numbers of paced sites in step 1" in warned[0]
+        assert "neither paced nor recorded" in warned[0]

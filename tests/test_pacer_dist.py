@@ -204,6 +204,52 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
+def _telemetry_of_pairs(rank, world, path):
+    """Two data-parallel pairs, {0, 1} and {2, 3}, each with its pacer and telemetry."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, telemetry_path=path),
+                  group=pairs[rank // 2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            pacer.all_reduce(torch.ones(4))
+            pacer.step()
+        pacer.close()
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("name,files", [
+    ("run-{rank}.jsonl", {"run-0.jsonl": (0, 0), "run-1.jsonl": (1, 1), "run-2.jsonl": (0, 2),
+                          "run-3.jsonl": (1, 3)}),
+    ("run.jsonl", {"run.group0.jsonl": (0, 0), "run.group2.jsonl": (0, 2)}),
+])
+def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, files):
+    """Global ranks 0 and 2 are each their pair's rank 0: both wrote run-0.jsonl (or
+    run.jsonl), one pair's file was renamed as if an earlier run, and `gpupace report DIR`
+    read one pair. Now `{rank}` is the global rank, a plain path names the group, and the
+    report reads each pair as a run of its own."""
+    from gpupace.report.load import load_runs
+
+    for warned in run_ranks(_telemetry_of_pairs, 4, str(tmp_path / name)):
+        assert not [w for w in warned if "already held a run" in w], warned
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    for file, (rank, global_rank) in files.items():
+        head = read_header(tmp_path / file)
+        assert (head["rank"], head["global_rank"], head["world_size"]) == (rank, global_rank, 2)
+        assert head["group_ranks"] == ([0, 1] if global_rank < 2 else [2, 3])
+        assert [r.step for r in read_telemetry(tmp_path / file).records] == [0, 1, 2]
+    runs = load_runs([tmp_path])
+    assert sorted(tuple(r.header["group_ranks"]) for r in runs) == [(0, 1), (2, 3)]
+    if len(files) == 4:  # rank files of two pairs, in an order that interleaves the pairs
+        mixed = tmp_path / "mixed"
+        mixed.mkdir()
+        for new, old in zip("abcd", ("run-0", "run-2", "run-1", "run-3"), strict=True):
+            (mixed / f"{new}.jsonl").write_bytes((tmp_path / f"{old}.jsonl").read_bytes())
+        runs = load_runs([mixed])
+        assert [(r.header["group_ranks"], [p.name for p in r.other_files]) for r in runs] == \
+            [([0, 1], ["c.jsonl"]), ([2, 3], ["d.jsonl"])]
+
+
 def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4):
     """Rank 0 has 6 batches, rank 1 `rank1_batches`: the joined rank shadows the other's
     collectives. With `accumulate` > 1, that many micro-batches a step, all but the last under
@@ -593,6 +639,7 @@ def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
         assert records == [None, None, None]
         assert delays == []
         assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]
+        assert "neither paced nor recorded" in warned[0]
 
 
 @pytest.mark.parametrize("name, cuda", [("nccl", False), ("cpu:gloo,cuda:nccl", False),

@@ -44,6 +44,7 @@ import torch.distributed as dist
 from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
+from ..warn import warn
 from . import NO_FORK, cuda_device, device_backend_missing, gather_rows
 from .tail import TailGraphs, tail_graph_wanted
 
@@ -157,6 +158,7 @@ class DeviceEngine:
         self._calls = 0  # end_step calls, the device counter's value in eager mode
         self._times: deque[tuple[int, int, float]] = deque(maxlen=4 * self.ring_len)
         self._last_seen = -1
+        self._warned_disagree = False
         self._records: deque[StepRecord] = deque()
         self._phases: deque[dict[str, float]] = deque(maxlen=self.ring_len)
         self._pending_phases: deque[tuple[int, list]] = deque()
@@ -391,9 +393,14 @@ class DeviceEngine:
             k = int(ring_step[slot])
             self._last_seen = k
             rec = ring[slot]
-            if rec[u.REC_OK] != 1.0:
-                continue  # ranks disagreed on the sites of that step: no record, as on the host
             step, t = self._time_of(k)
+            if rec[u.REC_OK] != 1.0:  # no record, as on the host
+                if rec[u.REC_N_SITES] > 0 and not self._warned_disagree:  # not an empty step
+                    warn(f"gpupace: ranks passed different numbers of paced sites in step "
+                         f"{step}; every rank must pace the same collectives in the same "
+                         f"order. Until they agree, steps are neither paced nor recorded.")
+                    self._warned_disagree = True
+                continue
             h, n_sites = u.REC_HEAD, int(rec[u.REC_N_SITES])
             self._records.append(StepRecord(
                 step=int(step), time_s=float(t) if t == t else now,

@@ -190,8 +190,8 @@ class HostEngine:
             if counts.max() != n and not self._warned_disagree:
                 warn(f"gpupace: ranks passed different numbers of paced sites in step "
                      f"{step} ({int(n)} to {int(counts.max())}); every rank must pace "
-                     f"the same collectives in the same order. No delays until they "
-                     f"agree.")
+                     f"the same collectives in the same order. Until they agree, steps "
+                     f"are neither paced nor recorded.")
                 self._warned_disagree = True
             self._next_delay[:] = 0.0
             return None

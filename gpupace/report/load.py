@@ -295,7 +295,9 @@ def _heartbeat(path: Path, progress: Progress | None) -> Iterator[None]:
 def _run_key(header: dict[str, Any]) -> str:
     """Files with the same key and different ranks are one run's rank files."""
     sim = header.get("sim") or {}
-    key = {k: header.get(k) for k in ("source", "label", "world_size", "sites", "config")}
+    # group_ranks: a pacer on a data-parallel subgroup; each group's files are a run of their own
+    key = {k: header.get(k) for k in ("source", "label", "world_size", "sites", "config",
+                                      "group_ranks")}
     key["sim"] = {k: sim.get(k) for k in ("preset", "policy", "seed", "steps")} \
         if isinstance(sim, dict) else None
     return json.dumps(key, sort_keys=True, default=str)
