@@ -154,6 +154,45 @@ def test_ddp_comm_hook_with_gradient_as_bucket_view_trains_like_plain_ddp():
             assert torch.equal(a, b), (a - b).abs().max()
 
 
+class _SparseModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(100, 8, sparse=True)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, idx):
+        return self.out(self.emb(idx)).sum()
+
+
+def _sparse_ddp_run(rank, world, paced):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = _SparseModel()
+    ddp = DDP(model)
+    pacer = Pacer(PaceConfig(mode="observe" if paced else "off", warmup_steps=0))
+    pacer.attach(ddp)  # mode "off": DDP's own reducer
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        opt.zero_grad()
+        ddp(torch.randint(0, 100, (6,), generator=g)).backward()
+        opt.step()
+        pacer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(300)  # two 3-rank runs
+def test_ddp_comm_hook_averages_sparse_gradients_as_ddp_does():
+    """DDP divides a sparse gradient by the world size and multiplies a dense one by its
+    inverse: the hook multiplied both, and a sparse embedding ended 1 ulp from DDP's."""
+    plain = run_ranks(_sparse_ddp_run, 3, False)
+    paced = run_ranks(_sparse_ddp_run, 3, True)
+    for p_plain, p_paced in zip(plain, paced, strict=True):
+        for a, b in zip(p_plain, p_paced, strict=True):
+            assert torch.equal(a, b), (a - b).abs().max()
+
+
 def _ddp_on_a_subgroup(rank, world):
     """Two data-parallel pairs, {0, 1} and {2, 3}, as beside tensor parallelism."""
     from torch.nn.parallel import DistributedDataParallel as DDP
