@@ -148,12 +148,17 @@ def test_cupy_reduction_matches_its_numpy_twin(n, m, n_sites):
                                equal_nan=True)
 
 
-@pytest.mark.parametrize("n,m,n_sites", [(2, 1, 1), (5, 3, 2), (17, 4, 4), (128, 8, 5)])
-def test_update_kernel_on_device_matches_policy(n, m, n_sites):
+@pytest.mark.parametrize("n,m,n_sites,cap_fraction", [(2, 1, 1, 0.5), (5, 3, 2, 0.5),
+                                                      (17, 4, 4, 0.5), (128, 8, 5, 0.5),
+                                                      (128, 8, 5, 0.01)])
+def test_update_kernel_on_device_matches_policy(n, m, n_sites, cap_fraction):
+    """Every case gives delays (with a holdoff of half a step a rank, three of four compared
+    zeros with zeros), and the last one's cap binds a rank's delays over its sites."""
     from gpupace.kernels import reduce, update
 
-    cfg = PaceConfig(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.5,
-                     threshold_us=50.0, release_us=20.0, floor_rise=0.25)
+    cfg = PaceConfig(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=50.0, release_us=20.0, floor_rise=0.25,
+                     cap_fraction=cap_fraction)
     params = policy.PolicyParams.from_config(cfg, n)
     dev = "cuda"
     state = update.new_state(n, m, dev)  # every rank, one program each
@@ -162,15 +167,17 @@ def test_update_kernel_on_device_matches_policy(n, m, n_sites):
     row = torch.zeros(2 + 2 * m, device=dev)
     ref = policy.init_state(n, n_sites)
     rng = np.random.default_rng(n)
-    offsets = rng.uniform(0, 500, n).round()
+    offsets = np.linspace(0, 500, n)[rng.permutation(n)].round()  # persistent skew, spread
     for _ in range(6):
         g, w, d, st = random_rows(rng, n, m, n_sites, bad=False)
-        w = np.round((w * 0.01 + offsets[:, None]) * 4) / 4  # persistent skew
+        w = np.round((w * 0.01 + offsets[:, None]) * 4) / 4
         g[:, 2:2 + n_sites] = w
         red = {k: torch.from_numpy(v).to(dev) for k, v in reduce.reduce_reference(g, n_sites).items()}
         update.update(torch.from_numpy(g).to(dev), row, red, state, ring, ring_step, params,
                       n_sites=n_sites, rank=0)
-        ref, _ = policy.update(params, ref, w, d, st)
+        ref, stats = policy.update(params, ref, w, d, st)
+    assert (ref.delay > 0).any()  # the comparison below is of delays, not of zeros
+    assert np.isclose(ref.delay.sum(axis=1), stats.cap_us).any() == (cap_fraction < 0.1)
     np.testing.assert_allclose(state["floor"][:, :n_sites].cpu().numpy(), ref.floor, rtol=1e-4, atol=2e-3)
     np.testing.assert_allclose(state["delay"][:, :n_sites].cpu().numpy(), ref.delay, rtol=1e-4, atol=2e-3)
     np.testing.assert_array_equal(state["active"][:, :n_sites].cpu().numpy().astype(bool),
