@@ -213,7 +213,10 @@ def test_a_demo_that_fails_leaves_the_earlier_demos_telemetry(tmp_path, capsys):
     tel = tmp_path / "tel"
     tel.mkdir()
     (tel / "baseline-1.jsonl").write_text("an earlier demo's\n")
-    rc = main(["demo", "--ranks", "2", "--steps", "100", "--straggle-ms", "1", "--timeout", "2",
+    # 998 steps a side of 1 ms straggler work: 1.996 s of it alone, just under the demo's
+    # refusal, so the run overruns the 2 s however fast the machine (100 steps took 7-14 s
+    # on the 2-core VM, and a fast one could have finished)
+    rc = main(["demo", "--ranks", "2", "--steps", "998", "--straggle-ms", "1", "--timeout", "2",
                "--telemetry", str(tel)])
     assert rc != 0 and "did not finish within 2 s" in capsys.readouterr().err
     # the new run's files went to a folder of their own, removed with them
