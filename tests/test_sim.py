@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -231,8 +234,54 @@ def test_random_stragglers_cost_no_throughput_at_512_ranks():
 
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_it_starts():
     sc = presets.quiet(4096)
-    with pytest.raises(ValueError, match=r"10,000,000 steps x 32,768 ranks need 2,442.4 GiB"):
+    with pytest.raises(ValueError, match=r"10,000,000 steps x 32,768 ranks need 2,442.5 GiB"):
         simulate(sc, steps=10_000_000)
     # what the check counts: two float32 values a rank a step, the kept site arrays on top
     assert result_bytes(10, 4, 2, keep_sites=False) == 10 * (8 * 4 + 9 * 2 + 17)
     assert result_bytes(10, 4, 2, keep_sites=True) == 10 * (8 * 4 + 9 * 2 + 17 + 16 * 4 * 2)
+
+
+def test_memory_the_os_cannot_tell_refuses_nothing(monkeypatch):
+    """os.sysconf may answer -1 (indeterminate) rather than raise: every run was refused,
+    "more than 80% of this machine's -0.0 GiB"."""
+    import os
+
+    sim_module = importlib.import_module("gpupace.sim.simulate")  # the module, not the function
+    monkeypatch.setattr(os, "sysconf", lambda name: -1)
+    monkeypatch.setattr(sim_module, "Path", lambda p: Path("/nonexistent/memory.max"))
+    assert sim_module.machine_memory() is None
+    sim_module.check_memory(10_000_000, presets.quiet(4096))  # nothing known: nothing refused
+
+
+def test_a_cgroup_limit_below_the_machine_is_the_memory(monkeypatch, tmp_path):
+    sim_module = importlib.import_module("gpupace.sim.simulate")
+
+    limit = tmp_path / "memory.max"
+    limit.write_text("1073741824\n")  # 1 GiB, as a container's
+    monkeypatch.setattr(sim_module, "Path", lambda p: limit)
+    assert sim_module.machine_memory() == 2**30
+    with pytest.raises(ValueError, match="of the 1.0 GiB this process may use"):
+        sim_module.check_memory(200_000, presets.quiet(64))  # 0.8 GiB of results
+    limit.write_text("max\n")  # no limit: the machine's memory
+    assert sim_module.machine_memory() > 2**30
+
+
+def test_a_scaling_table_stays_within_the_footprint_the_memory_check_counts():
+    """check_memory counts one result and the draws' working arrays; the table held the last
+    policy's result while the next one ran (2 results + 35.6 MB at 512 ranks, by tracemalloc)."""
+    import tracemalloc
+
+    from gpupace.sim.simulate import WORKING_BYTES
+    from gpupace.sim.table import scaling_table
+
+    sc, steps = presets.quiet(64), 8000
+    simulate(sc, steps=10)  # compiled before the count
+    tracemalloc.start()
+    try:
+        scaling_table(presets.quiet, [64], steps=steps)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    one = result_bytes(steps, sc.ranks, sc.buckets, keep_sites=False)
+    assert one > WORKING_BYTES / 2  # large enough that a second result would show
+    assert peak < one + WORKING_BYTES, (peak, one)

@@ -95,7 +95,7 @@ def test_a_run_too_big_for_memory_is_refused_before_any_runs(tmp_path, capsys):
     cap = capsys.readouterr()
     err = cap.err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and not cap.out, cap
-    assert "10,000,000 steps x 32,768 ranks need 2,442.4 GiB" in err[0]
+    assert "10,000,000 steps x 32,768 ranks need 2,442.5 GiB" in err[0]
     assert "use fewer steps or ranks" in err[0]
     assert not js.exists()
 

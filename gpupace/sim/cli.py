@@ -212,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--telemetry needs steps x ranks x buckets <= {KEEP_SITES_LIMIT:,}, got "
             f"{args.steps} x {biggest.ranks} x {biggest.buckets}; use fewer --steps or --nodes")
-    check_memory(args.steps, biggest)
+    # with --telemetry one path: the gpupace result at the largest count is kept to the end
+    check_memory(args.steps, biggest, kept=int(bool(args.telemetry)))
 
     tel = args.telemetry
     keep_last: dict[str, SimResult] = {}

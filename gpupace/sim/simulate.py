@@ -21,6 +21,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from .. import policy as pol
 from ..config import PaceConfig
 from . import engine
-from .draws import Draws, input_offsets_us, locality_offsets_us
+from .draws import CHUNK_FLOATS, Draws, input_offsets_us, locality_offsets_us
 from .scenario import Scenario
 
 POLICIES = ("none", "gpupace", "oracle")
@@ -36,9 +37,12 @@ MAX_STEPS = 10_000_000
 # Keep per-site arrays [steps, ranks, sites] (two float64 arrays) only up to this many entries:
 # 64 MB each.
 KEEP_SITES_LIMIT = 8_000_000
-# A run is refused up front when its per-step results would take more than this share of the
-# machine's memory (10,000,000 steps of 4096 ranks asked for 1.2 TiB, and failed only then).
+# A run is refused up front when it would take more than this share of the machine's memory
+# (10,000,000 steps of 4096 ranks asked for 1.2 TiB, and failed only then): its per-step
+# results and the random draws' chunk arrays beside them (tracemalloc's peak at 512 ranks:
+# the results + 35.6 MB, from 100 to 20,000 steps).
 MEMORY_SHARE = 0.8
+WORKING_BYTES = 4 * CHUNK_FLOATS * 8
 
 
 @dataclass(slots=True)
@@ -102,11 +106,20 @@ def result_bytes(steps: int, ranks: int, buckets: int, keep_sites: bool) -> int:
 
 
 def machine_memory() -> int | None:
-    """This machine's physical memory in bytes, None where the OS does not say."""
+    """The memory this process may use, in bytes: the machine's, or its cgroup's limit when
+    lower (a container's); None where neither says."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        total = pages * size if pages > 0 and size > 0 else None  # -1: indeterminate
     except (AttributeError, OSError, ValueError):
-        return None
+        total = None
+    try:
+        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max": no limit
+        limit = int(text) if text.isdigit() and int(text) > 0 else None
+    except (OSError, ValueError):
+        limit = None
+    known = [m for m in (total, limit) if m is not None]
+    return min(known) if known else None
 
 
 def keeps_sites(steps: int, scenario: Scenario) -> bool:
@@ -114,16 +127,18 @@ def keeps_sites(steps: int, scenario: Scenario) -> bool:
     return steps * scenario.ranks * scenario.buckets <= KEEP_SITES_LIMIT
 
 
-def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None) -> None:
-    """ValueError, before anything runs, when a run's results would not fit in memory
-    (`keep_sites` None: as `simulate` decides by default)."""
+def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None,
+                 kept: int = 0) -> None:
+    """ValueError, before anything runs, when a run would not fit in memory beside `kept`
+    results held already (`keep_sites` None: as `simulate` decides by default)."""
     keep = keeps_sites(steps, scenario) if keep_sites is None else keep_sites
-    need, have = result_bytes(steps, scenario.ranks, scenario.buckets, keep), machine_memory()
+    one = result_bytes(steps, scenario.ranks, scenario.buckets, keep)
+    need, have = (1 + kept) * one + WORKING_BYTES, machine_memory()
     if have is not None and need > MEMORY_SHARE * have:
         raise ValueError(
-            f"{steps:,} steps x {scenario.ranks:,} ranks need {need / 2**30:,.1f} GiB for the "
-            f"per-step results, more than {MEMORY_SHARE:.0%} of this machine's "
-            f"{have / 2**30:,.1f} GiB; use fewer steps or ranks")
+            f"{steps:,} steps x {scenario.ranks:,} ranks need {need / 2**30:,.1f} GiB (the "
+            f"per-step results and the arrays beside them), more than {MEMORY_SHARE:.0%} of "
+            f"the {have / 2**30:,.1f} GiB this process may use; use fewer steps or ranks")
 
 
 def policy_start_step(config: PaceConfig, n_ranks: int) -> int:

@@ -47,6 +47,7 @@ def scaling_table(
             if on_result is not None:
                 on_result(res)
             sums[pol] = res.summary(skip)
+            del res  # not alive beside the next run's arrays (check_memory counts one)
         base = sums["none"]["throughput"]
         gain_oracle = 100.0 * (sums["oracle"]["throughput"] / base - 1.0)
         for pol in POLICIES:
