@@ -103,8 +103,8 @@ class PaceConfig:
     telemetry_path: str | None = None
     """JSON-lines file for per-step records; `{rank}` in it (the global rank) gives one file
     per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
-    data-parallel subgroup each group's rank 0, in a file named after the group's lowest
-    global rank (run.jsonl: run.group0.jsonl, run.group2.jsonl, ...). None or empty: no file
+    data-parallel subgroup each group's rank 0, in a file named after the group's global
+    ranks (run.jsonl: run.group0-1.jsonl, run.group2-3.jsonl, ...). None or empty: no file
     ("" also overrides a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 
     ring_size: int | None = None

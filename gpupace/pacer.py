@@ -22,6 +22,7 @@ import numbers
 import os
 import time
 import weakref
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ class Pacer(Joinable):
     "auto" (device for CUDA groups when it can run, else host).
     `samples_per_step`: scales `throughput` in `summary()` (steps/s when 1).
     `label` and `telemetry_extra` go into the telemetry file's header.
-    `tensorboard_dir`: log each step's scalars to TensorBoard (rank 0; needs `pip install
+    `tensorboard_dir`: log each step's scalars to TensorBoard (rank 0; on a data-parallel
+    subgroup, each group's rank 0 into a folder of the group's, `group2-3`; needs `pip install
     tensorboard`).
     """
 
@@ -125,8 +127,8 @@ class Pacer(Joinable):
         # ranks, then fewer (a record is ~31 bytes of JSON a rank, 8-9 ms to encode at 4096).
         self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
         path = self.config.telemetry_path
+        subgroup = _subgroup_ranks(group)  # a data-parallel group's files are its own
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
-            subgroup = _subgroup_ranks(group)
             me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
             extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
             header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
@@ -139,7 +141,9 @@ class Pacer(Joinable):
                 self._writer = TelemetryWriter(telemetry_file(path, me, subgroup), header,
                                                self.config.telemetry_interval, background=True,
                                                keep_previous=True)
-            except OSError as e:  # a side channel: training goes on without it
+            # A side channel: training goes on without it. Raised on the writing ranks alone,
+            # an error would leave the others waiting in the first step's all_gather.
+            except (OSError, ValueError) as e:
                 self._telemetry_failed(e)
             else:
                 # Dropped without close() (a notebook cell run again), the pacer closes its
@@ -152,7 +156,10 @@ class Pacer(Joinable):
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
 
-            self._tb = TensorBoardLogger(tensorboard_dir)
+            # each data-parallel group's rank 0 logs: in a folder of the group's, or TensorBoard
+            # would interleave the groups' points as one series
+            tb_dir = Path(tensorboard_dir) / group_tag(subgroup) if subgroup else tensorboard_dir
+            self._tb = TensorBoardLogger(tb_dir)
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
@@ -513,15 +520,31 @@ def _subgroup_ranks(group: Any) -> list[int] | None:
     return ranks if len(ranks) < dist.get_world_size() else None
 
 
+def group_tag(ranks: list[int]) -> str:
+    """A subgroup in file and folder names: its first and last global rank, the stride where it
+    is not 1 (group2-3, group0-6s2), and a hash of the ranks where they are not evenly spaced;
+    overlapping groups (a dense and an expert data-parallel group) get names of their own."""
+    r = sorted(ranks)
+    steps = {b - a for a, b in zip(r, r[1:], strict=False)}
+    tag = f"group{r[0]}-{r[-1]}"
+    if len(steps) == 1 and steps != {1}:
+        tag += f"s{steps.pop()}"
+    elif len(steps) > 1:
+        tag += f"-{zlib.crc32(','.join(map(str, r)).encode()):08x}"
+    return tag
+
+
 def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> str:
     """The file a writing rank opens: `{rank}` filled with its global rank; on a subgroup, a
-    path without `{rank}` names the group by its lowest global rank (run.jsonl ->
-    run.group2.jsonl): every group's rank 0 writes, and one file for all had kept one group's
-    and renamed the others' as earlier runs."""
+    path without `{rank}` takes the group's name (run.jsonl -> run.group2-3.jsonl): every
+    group's rank 0 writes, and one file for all had kept one group's and renamed the others'
+    as earlier runs. A folder (".", "runs/") is left as it is: the writer refuses it."""
     if "{rank}" in path or subgroup is None:
         return path.replace("{rank}", str(global_rank))
     p = Path(path)
-    return str(p.with_name(f"{p.stem}.group{min(subgroup)}{p.suffix}"))
+    if not p.name or path.endswith(("/", os.sep)) or p.is_dir():
+        return path
+    return str(p.with_name(f"{p.stem}.{group_tag(subgroup)}{p.suffix}"))
 
 
 def _ranks_text(ranks: list[int]) -> str:

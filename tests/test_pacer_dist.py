@@ -2,8 +2,10 @@
 applied, the clock-free estimator against true arrival times on the shared CLOCK_MONOTONIC."""
 
 import contextlib
+import importlib.util
 import os
 import re
+import shutil
 import time
 import warnings
 
@@ -243,11 +245,11 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
-def _telemetry_of_pairs(rank, world, path):
+def _telemetry_of_pairs(rank, world, path, tensorboard_dir=None):
     """Two data-parallel pairs, {0, 1} and {2, 3}, each with its pacer and telemetry."""
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, telemetry_path=path),
-                  group=pairs[rank // 2])
+                  group=pairs[rank // 2], tensorboard_dir=tensorboard_dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -260,17 +262,22 @@ def _telemetry_of_pairs(rank, world, path):
 @pytest.mark.parametrize("name,files", [
     ("run-{rank}.jsonl", {"run-0.jsonl": (0, 0), "run-1.jsonl": (1, 1), "run-2.jsonl": (0, 2),
                           "run-3.jsonl": (1, 3)}),
-    ("run.jsonl", {"run.group0.jsonl": (0, 0), "run.group2.jsonl": (0, 2)}),
+    ("run.jsonl", {"run.group0-1.jsonl": (0, 0), "run.group2-3.jsonl": (0, 2)}),
 ])
 def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, files):
     """Global ranks 0 and 2 are each their pair's rank 0: both wrote run-0.jsonl (or
     run.jsonl), one pair's file was renamed as if an earlier run, and `gpupace report DIR`
     read one pair. Now `{rank}` is the global rank, a plain path names the group, and the
-    report reads each pair as a run of its own."""
+    report reads each pair as a run of its own. TensorBoard logs go to a folder a group."""
+    from gpupace.report.compare import pairs
     from gpupace.report.load import load_runs
 
-    for warned in run_ranks(_telemetry_of_pairs, 4, str(tmp_path / name)):
+    tb = tmp_path / "tb" if importlib.util.find_spec("tensorboard") else None
+    for warned in run_ranks(_telemetry_of_pairs, 4, str(tmp_path / name), tb):
         assert not [w for w in warned if "already held a run" in w], warned
+    if tb is not None:
+        assert sorted(p.name for p in tb.iterdir()) == ["group0-1", "group2-3"]
+        shutil.rmtree(tb)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
     for file, (rank, global_rank) in files.items():
         head = read_header(tmp_path / file)
@@ -279,6 +286,10 @@ def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, fil
         assert [r.step for r in read_telemetry(tmp_path / file).records] == [0, 1, 2]
     runs = load_runs([tmp_path])
     assert sorted(tuple(r.header["group_ranks"]) for r in runs) == [(0, 1), (2, 3)]
+    assert pairs(runs) == []  # parts of one job: neither is the other's baseline
+    for run in runs:
+        assert (f"its ranks 0-1 are global ranks {run.header['group_ranks']}, in that order"
+                in " ".join(run.notes)), run.notes
     if len(files) == 4:  # rank files of two pairs, in an order that interleaves the pairs
         mixed = tmp_path / "mixed"
         mixed.mkdir()
@@ -287,6 +298,42 @@ def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, fil
         runs = load_runs([mixed])
         assert [(r.header["group_ranks"], [p.name for p in r.other_files]) for r in runs] == \
             [([0, 1], ["c.jsonl"]), ([2, 3], ["d.jsonl"])]
+
+
+def test_group_names_tell_overlapping_groups_apart():
+    from gpupace.pacer import group_tag, telemetry_file
+
+    assert group_tag([2, 3]) == "group2-3" and group_tag([3, 2]) == "group2-3"
+    assert group_tag(list(range(8))) == "group0-7"
+    assert group_tag([0, 2, 4, 6]) == "group0-6s2"  # an expert group inside the dense one
+    uneven = group_tag([0, 1, 3, 7])
+    assert re.fullmatch(r"group0-7-[0-9a-f]{8}", uneven) and uneven != group_tag([0, 2, 3, 7])
+    pair = [2, 3]
+    assert telemetry_file("out/run.jsonl", 2, pair) == "out/run.group2-3.jsonl"
+    assert telemetry_file("run", 2, pair) == "run.group2-3"
+    assert telemetry_file("r.{rank}.jsonl", 3, pair) == "r.3.jsonl"
+    assert telemetry_file("run.jsonl", 0, None) == "run.jsonl"
+    for folder in (".", "..", "/", "runs/"):  # left as they are: the writer refuses a folder
+        assert telemetry_file(folder, 2, pair) == folder
+
+
+def _telemetry_into_a_folder(rank, world):
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pacer = Pacer(PaceConfig(mode="observe", telemetry_path="."), group=pair)
+        pacer.all_reduce(torch.ones(2))
+        pacer.step()  # every rank gets here: none raised alone
+        pacer.close()
+    return [str(w.message) for w in caught]
+
+
+def test_a_telemetry_path_that_is_a_folder_warns_on_a_subgroup_and_training_goes_on():
+    """'.' raised ValueError on each pair's rank 0 alone (Path.with_name of an empty name); the
+    other ranks waited in the first step's all_gather until the group's timeout."""
+    warned = run_ranks(_telemetry_into_a_folder, 4, timeout_s=100)
+    for rank in (0, 2):
+        assert any("telemetry" in w for w in warned[rank]), warned[rank]
 
 
 def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4):

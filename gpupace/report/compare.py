@@ -54,18 +54,20 @@ def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
                    [i for i in paced if kind(runs[i]) == k], strict=False)
     if out:
         return sorted(out, key=lambda pair: pair[1])
-    if len(runs) != 2:
-        return []
+    if len(runs) != 2 or kind(runs[0])[-1] != kind(runs[1])[-1]:
+        return []  # two data-parallel groups of one job are parts of it, not two tries
     return [(1, 0)] if runs[0].mode == "pace" and runs[1].mode != "pace" else [(0, 1)]
 
 
 def kind(run: Run) -> tuple:
-    """What a paced run and its baseline share: the world size and, for simulated runs, the
-    scenario (preset, seed, steps). Runs of 16 and 32 ranks never compare as paced and
-    baseline."""
+    """What a paced run and its baseline share: the world size, for simulated runs the
+    scenario (preset, seed, steps), and for a pacer on a data-parallel subgroup its global
+    ranks. Runs of 16 and 32 ranks never compare as paced and baseline."""
     sim = run.header.get("sim")
     sim = sim if isinstance(sim, dict) else {}
-    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps")
+    group = run.header.get("group_ranks")
+    group = tuple(group) if isinstance(group, list) else None
+    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group
 
 
 def _num(v: Any) -> float | None:

@@ -434,6 +434,11 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
             run.notes.append(f"{len(group)} rank files of one run; read rank "
                              f"{header.get('rank') or 0}'s ({path.name}): each holds every "
                              f"rank's rows")
+        group = header.get("group_ranks")
+        if isinstance(group, list) and group:
+            shown = group if len(group) <= 8 else f"{group[:4]} ... {group[-1]}"
+            run.notes.append(f"a data-parallel group of the job: its ranks 0-{len(group) - 1} "
+                             f"are global ranks {shown}, in that order")
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable or implausible "
                              f"lines skipped (first: {run.skipped[0]})")
