@@ -156,10 +156,7 @@ class Pacer(Joinable):
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
 
-            # each data-parallel group's rank 0 logs: in a folder of the group's, or TensorBoard
-            # would interleave the groups' points as one series
-            tb_dir = Path(tensorboard_dir) / group_tag(subgroup) if subgroup else tensorboard_dir
-            self._tb = TensorBoardLogger(tb_dir)
+            self._tb = TensorBoardLogger(tensorboard_folder(tensorboard_dir, subgroup))
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
@@ -534,11 +531,20 @@ def group_tag(ranks: list[int]) -> str:
     return tag
 
 
+def tensorboard_folder(folder: str | os.PathLike, subgroup: list[int] | None) -> str:
+    """Where a pacer logs to TensorBoard: each data-parallel group's rank 0 in a folder of the
+    group's, or TensorBoard interleaves the groups' points as one series. os.path.join, not
+    Path: a gs:// or s3:// folder keeps its double slash."""
+    folder = os.fspath(folder)
+    return os.path.join(folder, group_tag(subgroup)) if subgroup else folder
+
+
 def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> str:
     """The file a writing rank opens: `{rank}` filled with its global rank; on a subgroup, a
     path without `{rank}` takes the group's name (run.jsonl -> run.group2-3.jsonl): every
     group's rank 0 writes, and one file for all had kept one group's and renamed the others'
-    as earlier runs. A folder (".", "runs/") is left as it is: the writer refuses it."""
+    as earlier runs. A folder (".", "runs/") is left as it is: the writer refuses it, and the
+    Pacer warns."""
     if "{rank}" in path or subgroup is None:
         return path.replace("{rank}", str(global_rank))
     p = Path(path)

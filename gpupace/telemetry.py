@@ -262,6 +262,9 @@ class TelemetryWriter:
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
                  background: bool = False, keep_previous: bool = False):
+        if str(path).endswith(("/", os.sep)):  # Path() drops the slash: a file "runs" was made
+            raise IsADirectoryError(f"telemetry path {str(path)!r} names a folder: give a file "
+                                    "path, such as runs/run.jsonl")
         self.path = Path(path)
         if _held(self.path.resolve()):  # kept aside, it would go on being written as .1
             raise FileExistsError(f"{self.path} is being written by another telemetry writer "

@@ -8,6 +8,7 @@ import re
 import shutil
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from gpupace import PaceConfig, Pacer
 from gpupace.launch import run_ranks
-from gpupace.telemetry import read_header, read_telemetry
+from gpupace.telemetry import TelemetryWriter, make_header, read_header, read_telemetry
 
 # above run_ranks' own 120 s: a hung rank fails with its message, which names the rank
 pytestmark = pytest.mark.timeout(150)
@@ -245,14 +246,14 @@ def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
         assert mean_of_pair and world == 2
 
 
-def _telemetry_of_pairs(rank, world, path, tensorboard_dir=None):
+def _telemetry_of_pairs(rank, world, path, tensorboard_dir=None, mode="observe", steps=3):
     """Two data-parallel pairs, {0, 1} and {2, 3}, each with its pacer and telemetry."""
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0, telemetry_path=path),
+    pacer = Pacer(PaceConfig(mode=mode, warmup_steps=0, telemetry_path=path),
                   group=pairs[rank // 2], tensorboard_dir=tensorboard_dir)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(3):
+        for _ in range(steps):
             pacer.all_reduce(torch.ones(4))
             pacer.step()
         pacer.close()
@@ -300,8 +301,35 @@ def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, fil
             [([0, 1], ["c.jsonl"]), ([2, 3], ["d.jsonl"])]
 
 
+@pytest.mark.timeout(300)  # two 4-rank jobs
+def test_the_report_pairs_jobs_on_subgroups_group_by_group(tmp_path, capsys):
+    """A baseline job and a paced one, each on two pairs: the report compares each pair's
+    paced run with that pair's baseline, whatever the order the files are given in, and one
+    job's two files alone are not compared (with --out, the step-time plot's title took the
+    first pair of none: IndexError)."""
+    from gpupace.cli import main
+    from gpupace.report.compare import pairs
+    from gpupace.report.load import load_runs
+
+    for mode, name in (("observe", "base"), ("pace", "paced")):
+        run_ranks(_telemetry_of_pairs, 4, str(tmp_path / f"{name}.jsonl"), None, mode, 12)
+    f = {(n, g): tmp_path / f"{n}.group{g}.jsonl" for n in ("base", "paced") for g in ("0-1", "2-3")}
+    runs = load_runs([f["base", "0-1"], f["paced", "2-3"], f["base", "2-3"], f["paced", "0-1"]])
+    assert sorted((runs[b].header["group_ranks"], runs[b].mode, runs[p].header["group_ranks"],
+                   runs[p].mode) for b, p in pairs(runs)) == [([0, 1], "observe", [0, 1], "pace"),
+                                                              ([2, 3], "observe", [2, 3], "pace")]
+    one_job = tmp_path / "one"
+    one_job.mkdir()
+    for g in ("0-1", "2-3"):
+        shutil.copy(f["paced", g], one_job)
+    assert main(["report", str(one_job), "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "not compared with it" in out and " vs " not in out, out
+    assert (tmp_path / "rep" / "report.html").exists()
+
+
 def test_group_names_tell_overlapping_groups_apart():
-    from gpupace.pacer import group_tag, telemetry_file
+    from gpupace.pacer import group_tag, telemetry_file, tensorboard_folder
 
     assert group_tag([2, 3]) == "group2-3" and group_tag([3, 2]) == "group2-3"
     assert group_tag(list(range(8))) == "group0-7"
@@ -315,6 +343,16 @@ def test_group_names_tell_overlapping_groups_apart():
     assert telemetry_file("run.jsonl", 0, None) == "run.jsonl"
     for folder in (".", "..", "/", "runs/"):  # left as they are: the writer refuses a folder
         assert telemetry_file(folder, 2, pair) == folder
+    assert tensorboard_folder("gs://bucket/logs", pair) == "gs://bucket/logs/group2-3"
+    assert tensorboard_folder(Path("tb"), None) == "tb"
+
+
+def test_a_telemetry_path_ending_in_a_slash_is_refused_as_a_folder(tmp_path):
+    """Path('runs/') is 'runs': a file of that name was made where a folder was meant, and the
+    next group's writer renamed it as an earlier run."""
+    with pytest.raises(IsADirectoryError, match="names a folder"):
+        TelemetryWriter(f"{tmp_path}/runs/", make_header(source="test", world_size=2))
+    assert not list(tmp_path.iterdir())
 
 
 def _telemetry_into_a_folder(rank, world):

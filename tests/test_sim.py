@@ -248,7 +248,7 @@ def test_memory_the_os_cannot_tell_refuses_nothing(monkeypatch):
 
     sim_module = importlib.import_module("gpupace.sim.simulate")  # the module, not the function
     monkeypatch.setattr(os, "sysconf", lambda name: -1)
-    monkeypatch.setattr(sim_module, "Path", lambda p: Path("/nonexistent/memory.max"))
+    monkeypatch.setattr(sim_module, "_cgroup_limit_files", lambda: [Path("/nonexistent/max")])
     assert sim_module.machine_memory() is None
     sim_module.check_memory(10_000_000, presets.quiet(4096))  # nothing known: nothing refused
 
@@ -256,9 +256,10 @@ def test_memory_the_os_cannot_tell_refuses_nothing(monkeypatch):
 def test_a_cgroup_limit_below_the_machine_is_the_memory(monkeypatch, tmp_path):
     sim_module = importlib.import_module("gpupace.sim.simulate")
 
-    limit = tmp_path / "memory.max"
+    limit, unlimited = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
     limit.write_text("1073741824\n")  # 1 GiB, as a container's
-    monkeypatch.setattr(sim_module, "Path", lambda p: limit)
+    unlimited.write_text("9223372036854771712\n")  # cgroup v1's "no limit"
+    monkeypatch.setattr(sim_module, "_cgroup_limit_files", lambda: [unlimited, limit])
     assert sim_module.machine_memory() == 2**30
     with pytest.raises(ValueError, match="of the 1.0 GiB this process may use"):
         sim_module.check_memory(200_000, presets.quiet(64))  # 0.8 GiB of results
@@ -266,16 +267,34 @@ def test_a_cgroup_limit_below_the_machine_is_the_memory(monkeypatch, tmp_path):
     assert sim_module.machine_memory() > 2**30
 
 
+def test_the_cgroup_files_read_are_those_proc_names(monkeypatch, tmp_path):
+    """v2 ('0::/path') and v1 ('N:memory:/path'), beside the namespace's root files."""
+    sim_module = importlib.import_module("gpupace.sim.simulate")
+    proc = tmp_path / "cgroup"
+    proc.write_text("4:memory:/job/42\n0::/user.slice/job.scope\n3:cpuset:/\n")
+    real = Path
+
+    def fake(p):
+        return proc if p == "/proc/self/cgroup" else real(p)
+
+    monkeypatch.setattr(sim_module, "Path", fake)
+    assert [str(p) for p in sim_module._cgroup_limit_files()] == [
+        "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/job/42/memory.limit_in_bytes",
+        "/sys/fs/cgroup/user.slice/job.scope/memory.max"]
+
+
 def test_a_scaling_table_stays_within_the_footprint_the_memory_check_counts():
     """check_memory counts one result and the draws' working arrays; the table held the last
     policy's result while the next one ran (2 results + 35.6 MB at 512 ranks, by tracemalloc)."""
     import tracemalloc
 
-    from gpupace.sim.simulate import WORKING_BYTES
+    from gpupace.sim.simulate import STATE_ARRAYS, WORKING_BYTES
     from gpupace.sim.table import scaling_table
 
     sc, steps = presets.quiet(64), 8000
-    simulate(sc, steps=10)  # compiled before the count
+    for policy in ("none", "gpupace", "oracle"):
+        simulate(sc, policy, steps=10)  # compiled (or read from the cache) before the count
     tracemalloc.start()
     try:
         scaling_table(presets.quiet, [64], steps=steps)
@@ -283,5 +302,6 @@ def test_a_scaling_table_stays_within_the_footprint_the_memory_check_counts():
     finally:
         tracemalloc.stop()
     one = result_bytes(steps, sc.ranks, sc.buckets, keep_sites=False)
-    assert one > WORKING_BYTES / 2  # large enough that a second result would show
-    assert peak < one + WORKING_BYTES, (peak, one)
+    working = WORKING_BYTES + STATE_ARRAYS * 8 * sc.ranks * sc.buckets  # as check_memory counts
+    assert one > working / 2  # large enough that a second result would show
+    assert peak < one + working, (peak, one)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -98,6 +99,24 @@ def test_a_run_too_big_for_memory_is_refused_before_any_runs(tmp_path, capsys):
     assert "10,000,000 steps x 32,768 ranks need 2,442.5 GiB" in err[0]
     assert "use fewer steps or ranks" in err[0]
     assert not js.exists()
+
+
+def test_a_result_kept_for_telemetry_is_counted_against_memory(tmp_path, capsys, monkeypatch):
+    """--telemetry FILE holds the largest gpupace result while the oracle runs: a run that fits
+    alone but not beside it is refused (20,000 steps of 8 ranks with site arrays: 93 MB
+    alone, 122 MB with the kept result; 108 MB allowed)."""
+    from gpupace.sim import cli as sim_cli
+    from gpupace.sim import simulate as _  # noqa: F401  (the module below)
+
+    sim_module = sys.modules["gpupace.sim.simulate"]
+    monkeypatch.setattr(sim_module, "machine_memory", lambda: 135_000_000)
+    rc = main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "20000",
+               "--telemetry", str(tmp_path / "t.jsonl")])
+    assert rc == 2 and "this process may use" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+    sim_module.check_memory(20000, presets.quiet(1), keep_sites=True)  # alone, it fits
+    assert sim_cli.keeps_a_result("t.jsonl")
+    assert not sim_cli.keeps_a_result("t-{nodes}-{policy}.jsonl") and not sim_cli.keeps_a_result(None)
 
 
 @pytest.mark.timeout(30)

@@ -5,10 +5,11 @@ comparison lines and findings.json's `comparisons`.
 Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe, off, or a
 simulated run without the policy) of the same world size (and simulated scenario), in the
 order given, so that `gpupace demo`'s baseline-1, baseline-2, paced-1, paced-2 compare as
-paced-1 vs baseline-1 and paced-2 vs baseline-2. Two runs without such a pair (two world
-sizes, a simulated run beside a real one) compare all the same, the unpaced one (else the
-first) as the baseline, with a note that they are different jobs; more such runs are not
-compared.
+paced-1 vs baseline-1 and paced-2 vs baseline-2; pacers on data-parallel subgroups pair
+group by group. Two runs without such a pair (two world sizes, a simulated run beside a real
+one, other groups) compare all the same, the unpaced one (else the first) as the baseline,
+with a note that they are different jobs; more such runs are not compared, nor two groups of
+one job (parts of it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .load import Run
+from .load import Run, groups_of_one_job
 
 # key -> (label, kind): "rel" change in % of the baseline; "pts" a fraction's change in
 # percentage points; "ms" an absolute change of a time in us, shown in ms.
@@ -54,8 +55,8 @@ def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
                    [i for i in paced if kind(runs[i]) == k], strict=False)
     if out:
         return sorted(out, key=lambda pair: pair[1])
-    if len(runs) != 2 or kind(runs[0])[-1] != kind(runs[1])[-1]:
-        return []  # two data-parallel groups of one job are parts of it, not two tries
+    if len(runs) != 2 or groups_of_one_job(runs[0].header, runs[1].header):
+        return []
     return [(1, 0)] if runs[0].mode == "pace" and runs[1].mode != "pace" else [(0, 1)]
 
 
@@ -109,7 +110,8 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
         b, o = runs
         what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
                 else "other simulated scenarios" if b.header.get("sim") and o.header.get("sim")
-                else "a simulated run and a real one")
+                else "a simulated run and a real one" if b.header.get("sim") or o.header.get("sim")
+                else "other data-parallel groups")
         out.append(f"different jobs ({what}): the changes compare them, not a paced run with "
                    "its own baseline")
     if base.get("throughput_unit") != other.get("throughput_unit"):

@@ -303,6 +303,14 @@ def _run_key(header: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
+def groups_of_one_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two headers are one job's pacers on two data-parallel groups (same label,
+    settings and size, other `group_ranks`): parts of the job, not two tries to compare."""
+    ga, gb = a.get("group_ranks"), b.get("group_ranks")
+    return (isinstance(ga, list) and isinstance(gb, list) and ga != gb
+            and all(a.get(k) == b.get(k) for k in ("source", "label", "world_size", "config")))
+
+
 class NoRecords(ValueError):
     """A telemetry file with a header and no step record it can read (a job that stopped
     before its first step)."""
@@ -449,4 +457,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         raise ValueError("no gpupace telemetry among the files given: "
                          + "; ".join(passed_over))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
+    for i, run in enumerate(runs):
+        siblings = [r.label for r in runs[:i] if groups_of_one_job(r.header, run.header)]
+        if siblings:
+            run.notes.append(f"another data-parallel group of the job of {', '.join(siblings)}: "
+                             "not compared with it")
     return runs

@@ -132,10 +132,11 @@ def spread(runs: Sequence[Run], out: Path) -> str:
 def cdf_title(runs: Sequence[Run]) -> str:
     """Names two runs (the compared one first); more are counted, and the legend names them."""
     title = "Step-time CDF, measured steps"
-    if len(runs) == 2:
-        pair = pairs(runs)[0]
-        title += f": {runs[pair[1]].label} vs {runs[pair[0]].label}"
-    elif len(runs) > 2:
+    compared = pairs(runs) if len(runs) == 2 else []
+    if compared:
+        base, other = compared[0]
+        title += f": {runs[other].label} vs {runs[base].label}"
+    elif len(runs) > 1:
         title += f" of {len(runs)} runs"
     return title
 

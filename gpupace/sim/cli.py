@@ -212,10 +212,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             f"--telemetry needs steps x ranks x buckets <= {KEEP_SITES_LIMIT:,}, got "
             f"{args.steps} x {biggest.ranks} x {biggest.buckets}; use fewer --steps or --nodes")
-    # with --telemetry one path: the gpupace result at the largest count is kept to the end
-    check_memory(args.steps, biggest, kept=int(bool(args.telemetry)))
-
     tel = args.telemetry
+    check_memory(args.steps, biggest, kept=int(keeps_a_result(tel)))
+
     keep_last: dict[str, SimResult] = {}
     written: list[str] = []
 
@@ -265,6 +264,12 @@ def run(args: argparse.Namespace) -> int:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_table(rows, args.plot, title=f"gpupace simulate, {title}")
     return 0
+
+
+def keeps_a_result(telemetry: str | None) -> bool:
+    """Whether a run holds a result to its end: --telemetry without placeholders is written
+    from the gpupace run at the largest node count, after the others have run."""
+    return bool(telemetry) and "{nodes}" not in telemetry and "{policy}" not in telemetry
 
 
 def with_coupling(make: Callable[[int], Scenario], collective: float,

@@ -39,10 +39,12 @@ MAX_STEPS = 10_000_000
 KEEP_SITES_LIMIT = 8_000_000
 # A run is refused up front when it would take more than this share of the machine's memory
 # (10,000,000 steps of 4096 ranks asked for 1.2 TiB, and failed only then): its per-step
-# results and the random draws' chunk arrays beside them (tracemalloc's peak at 512 ranks:
-# the results + 35.6 MB, from 100 to 20,000 steps).
+# results, the random draws' chunk arrays and the [ranks, buckets] state beside them
+# (tracemalloc's peak less the results: 35.6 MB at 512 ranks x 10 buckets, 507-541 MB at
+# 65,536 x 64, which the 16 arrays of a rank and bucket here cover).
 MEMORY_SHARE = 0.8
 WORKING_BYTES = 4 * CHUNK_FLOATS * 8
+STATE_ARRAYS = 16
 
 
 @dataclass(slots=True)
@@ -106,20 +108,43 @@ def result_bytes(steps: int, ranks: int, buckets: int, keep_sites: bool) -> int:
 
 
 def machine_memory() -> int | None:
-    """The memory this process may use, in bytes: the machine's, or its cgroup's limit when
-    lower (a container's); None where neither says."""
+    """The memory this process may use, in bytes: the machine's, or the lowest limit of its
+    cgroup (a container's, a batch job's; v1 or v2) when lower; None where nothing says."""
     try:
         pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
         total = pages * size if pages > 0 and size > 0 else None  # -1: indeterminate
     except (AttributeError, OSError, ValueError):
         total = None
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()  # "max": no limit
-        limit = int(text) if text.isdigit() and int(text) > 0 else None
-    except (OSError, ValueError):
-        limit = None
-    known = [m for m in (total, limit) if m is not None]
+    known = [m for m in (total, *map(_limit, _cgroup_limit_files())) if m is not None]
     return min(known) if known else None
+
+
+def _cgroup_limit_files() -> list[Path]:
+    """Where this process's cgroup memory limit may be: the namespace's root (a container's)
+    and its own cgroup, as /proc/self/cgroup names it (v2: '0::/path'; v1: 'N:memory:/path')."""
+    root = Path("/sys/fs/cgroup")
+    files = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return files
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.lstrip("/")
+        if controllers == "" and rel:
+            files.append(root / rel / "memory.max")
+        elif "memory" in controllers.split(",") and rel:
+            files.append(root / "memory" / rel / "memory.limit_in_bytes")
+    return files
+
+
+def _limit(path: Path) -> int | None:
+    """A cgroup memory limit file's bytes; None when absent or unlimited ('max')."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def keeps_sites(steps: int, scenario: Scenario) -> bool:
@@ -133,7 +158,8 @@ def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None,
     results held already (`keep_sites` None: as `simulate` decides by default)."""
     keep = keeps_sites(steps, scenario) if keep_sites is None else keep_sites
     one = result_bytes(steps, scenario.ranks, scenario.buckets, keep)
-    need, have = (1 + kept) * one + WORKING_BYTES, machine_memory()
+    working = WORKING_BYTES + STATE_ARRAYS * 8 * scenario.ranks * scenario.buckets
+    need, have = (1 + kept) * one + working, machine_memory()
     if have is not None and need > MEMORY_SHARE * have:
         raise ValueError(
             f"{steps:,} steps x {scenario.ranks:,} ranks need {need / 2**30:,.1f} GiB (the "
