@@ -326,6 +326,9 @@ def test_the_report_pairs_jobs_on_subgroups_group_by_group(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "not compared with it" in out and " vs " not in out, out
     assert (tmp_path / "rep" / "report.html").exists()
+    # a baseline of one pair against a paced run of the other: compared, as different jobs
+    assert main(["report", str(f["base", "0-1"]), str(f["paced", "2-3"])]) == 0
+    assert "different jobs (other data-parallel groups)" in capsys.readouterr().out
 
 
 def test_group_names_tell_overlapping_groups_apart():
