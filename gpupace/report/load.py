@@ -442,11 +442,11 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
             run.notes.append(f"{len(group)} rank files of one run; read rank "
                              f"{header.get('rank') or 0}'s ({path.name}): each holds every "
                              f"rank's rows")
-        group = header.get("group_ranks")
-        if isinstance(group, list) and group:
-            shown = group if len(group) <= 8 else f"{group[:4]} ... {group[-1]}"
-            run.notes.append(f"a data-parallel group of the job: its ranks 0-{len(group) - 1} "
-                             f"are global ranks {shown}, in that order")
+        dp_ranks = header.get("group_ranks")
+        if isinstance(dp_ranks, list) and dp_ranks:
+            shown = dp_ranks if len(dp_ranks) <= 8 else f"{dp_ranks[:4]} ... {dp_ranks[-1]}"
+            run.notes.append(f"a data-parallel group of the job: its ranks 0-{len(dp_ranks) - 1}"
+                             f" are global ranks {shown}, in that order")
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable or implausible "
                              f"lines skipped (first: {run.skipped[0]})")
@@ -460,6 +460,6 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     for i, run in enumerate(runs):
         siblings = [r.label for r in runs[:i] if groups_of_one_job(r.header, run.header)]
         if siblings:
-            run.notes.append(f"another data-parallel group of the job of {', '.join(siblings)}: "
-                             "not compared with it")
+            run.notes.append(f"another data-parallel group of the same job as "
+                             f"{', '.join(siblings)}: not compared with it")
     return runs
