@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -106,9 +106,8 @@ def test_a_result_kept_for_telemetry_is_counted_against_memory(tmp_path, capsys,
     alone but not beside it is refused (20,000 steps of 8 ranks with site arrays: 93 MB
     alone, 122 MB with the kept result; 108 MB allowed)."""
     from gpupace.sim import cli as sim_cli
-    from gpupace.sim import simulate as _  # noqa: F401  (the module below)
 
-    sim_module = sys.modules["gpupace.sim.simulate"]
+    sim_module = importlib.import_module("gpupace.sim.simulate")  # the module, not the function
     monkeypatch.setattr(sim_module, "machine_memory", lambda: 135_000_000)
     rc = main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "20000",
                "--telemetry", str(tmp_path / "t.jsonl")])
