@@ -68,8 +68,8 @@ class PaceConfig:
     holdoff_factor: float | None = None
     """A rank's floor starts to rise only after it has not been late (within `guard_us` of the
     last arrival) for `holdoff_factor x world size` steps. With random stragglers each rank is
-    last about once in N steps, so a holdoff of 5N keeps about 99% of ranks (1 - e^-5) at zero
-    delay. Measured with the policy alone, one Pareto straggler a step at 4/16/64 ranks: pacing
+    last about once in N steps, so a holdoff of 5N holds about 99% of the ranks (1 - e^-5) at zero
+    delay at any one step (over a long run most pass it now and then). Measured with the policy alone, one Pareto straggler a step at 4/16/64 ranks: pacing
     adds 0.03/0.2/0.8% of the spread to the step; a persistent straggler is paced within
     55/119/363 steps."""
 
@@ -104,8 +104,9 @@ class PaceConfig:
     """JSON-lines file for per-step records; `{rank}` in it (the global rank) gives one file
     per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
     data-parallel subgroup each group's rank 0, in a file named after the group's global
-    ranks (run.jsonl: run.group0-1.jsonl, run.group2-3.jsonl, ...). None or empty: no file
-    ("" also overrides a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
+    ranks (run.jsonl: run.group0-1.jsonl, run.group2-3.jsonl, ...). A folder ("runs/") is
+    refused with a warning (give it as text: a pathlib.Path drops the slash). None or empty: no
+    file ("" also overrides a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 
     ring_size: int | None = None
     """Most per-step records kept in memory for `summary()` (the newest ones); `ring_memory_mb`

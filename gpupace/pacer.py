@@ -37,7 +37,14 @@ from .backends import BACKENDS, cuda_device, device_backend_missing, group_backe
 from .backends.host import HostEngine
 from .config import PaceConfig
 from .summary import Summary, summarize
-from .telemetry import Ring, StepRecord, TelemetryWriter, make_header, ring_capacity
+from .telemetry import (
+    Ring,
+    StepRecord,
+    TelemetryWriter,
+    make_header,
+    names_a_folder,
+    ring_capacity,
+)
 from .warn import warn
 
 # Paced collectives without a step(), in units of `max_sites`, past which the pacer warns.
@@ -548,7 +555,7 @@ def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> s
     if "{rank}" in path or subgroup is None:
         return path.replace("{rank}", str(global_rank))
     p = Path(path)
-    if not p.name or path.endswith(("/", os.sep)) or p.is_dir():
+    if names_a_folder(path) or p.is_dir():
         return path
     return str(p.with_name(f"{p.stem}.{group_tag(subgroup)}{p.suffix}"))
 

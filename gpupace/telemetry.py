@@ -222,6 +222,13 @@ BACKLOG_LIMIT_MB = 256  # ... and past which it drops records, counted in the ne
 CLOSE_NOTICE_MB = 16  # queued at close() past which it says it is writing them (~0.5 s at 4096)
 
 
+def names_a_folder(path: str | os.PathLike) -> bool:
+    """Whether a path's text names a folder whatever is on disk ("runs/", "runs/.", ".", "..").
+    A pathlib.Path has lost a trailing slash already: only a str shows it."""
+    text = os.fspath(path)
+    return text.endswith(("/", os.sep)) or os.path.basename(text) in ("", ".", "..")
+
+
 def keep_aside(path: Path) -> Path | None:
     """Renames a non-empty file at `path` to `<name>.1` (or the first free `<name>.<k>`, which
     `gpupace report DIR` leaves out with its *.jsonl) and returns the new path; None when
@@ -262,7 +269,7 @@ class TelemetryWriter:
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
                  background: bool = False, keep_previous: bool = False):
-        if str(path).endswith(("/", os.sep)):  # Path() drops the slash: a file "runs" was made
+        if names_a_folder(path):  # Path() drops "/" and "/.": a file "runs" was made
             raise IsADirectoryError(f"telemetry path {str(path)!r} names a folder: give a file "
                                     "path, such as runs/run.jsonl")
         self.path = Path(path)

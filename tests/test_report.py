@@ -642,3 +642,24 @@ def test_a_regime_after_a_fading_shock_is_measured_from_the_level_and_a_fading_e
     x[590:] = np.geomspace(4000, 2100, 10)  # a shock the run ends in: not a regime
     found, hi, info = _regimes(x)
     assert found and info["switches"] == 3 and not hi[590:].any()
+
+
+def test_groups_of_one_job_are_told_from_two_jobs_by_settings_and_start():
+    """One job's pacers on two data-parallel groups share their settings but for a telemetry
+    path or label of each group's own, and start together; two tries of the same settings a day
+    apart are two jobs (compared, with a note)."""
+    from gpupace.report.load import groups_of_one_job
+
+    def head(group, path="runs/run.jsonl", label="", started="2026-12-01T10:00:00+0000",
+             mode="pace"):
+        return {"source": "pacer", "world_size": 2, "label": label, "group_ranks": group,
+                "started": started, "config": {"mode": mode, "telemetry_path": path}}
+
+    a = head([0, 1])
+    assert groups_of_one_job(a, head([2, 3]))
+    assert groups_of_one_job(a, head([2, 3], path="runs/dp1.jsonl", label="dp1"))
+    assert groups_of_one_job(a, head([2, 3], started="2026-12-01T10:01:00+0000"))
+    assert not groups_of_one_job(a, head([2, 3], started="2026-12-02T10:00:00+0000"))
+    assert not groups_of_one_job(a, head([2, 3], mode="observe"))  # a baseline: another job
+    assert not groups_of_one_job(a, head([0, 1]))  # the same group: rank files, or a rerun
+    assert groups_of_one_job(a, head([2, 3], started="unknown"))  # no start to tell by

@@ -268,7 +268,9 @@ def test_a_cgroup_limit_below_the_machine_is_the_memory(monkeypatch, tmp_path):
 
 
 def test_the_cgroup_files_read_are_those_proc_names(monkeypatch, tmp_path):
-    """v2 ('0::/path') and v1 ('N:memory:/path'), beside the namespace's root files."""
+    """v2 ('0::/path') and v1 ('N:memory:/path'), each folder from the namespace's root down:
+    a batch job's limit is often on a parent (Slurm's job_N above the task), which went
+    unread."""
     sim_module = importlib.import_module("gpupace.sim.simulate")
     proc = tmp_path / "cgroup"
     proc.write_text("4:memory:/job/42\n0::/user.slice/job.scope\n3:cpuset:/\n")
@@ -280,7 +282,9 @@ def test_the_cgroup_files_read_are_those_proc_names(monkeypatch, tmp_path):
     monkeypatch.setattr(sim_module, "Path", fake)
     assert [str(p) for p in sim_module._cgroup_limit_files()] == [
         "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/job/memory.limit_in_bytes",
         "/sys/fs/cgroup/memory/job/42/memory.limit_in_bytes",
+        "/sys/fs/cgroup/user.slice/memory.max",
         "/sys/fs/cgroup/user.slice/job.scope/memory.max"]
 
 

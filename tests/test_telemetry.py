@@ -514,3 +514,14 @@ def test_a_process_that_exits_without_closing_its_writer_still_writes_every_reco
     subprocess.run([sys.executable, "-c", script, str(path)], check=True, timeout=60,
                    cwd=Path(__file__).resolve().parent.parent)
     assert [r.step for r in read_telemetry(path).records] == list(range(3000))
+
+
+@pytest.mark.parametrize("path", ["runs/", "runs/.", ".", ".."])
+def test_a_path_that_names_a_folder_is_refused_whatever_is_on_disk(tmp_path, path):
+    """Path('runs/') and Path('runs/.') are 'runs': a file of that name was made."""
+    from gpupace.telemetry import names_a_folder
+
+    assert names_a_folder(path) and not names_a_folder("runs/run.jsonl")
+    with pytest.raises(IsADirectoryError, match="names a folder"):
+        TelemetryWriter(f"{tmp_path}/{path}", make_header(source="test", world_size=2))
+    assert not list(tmp_path.iterdir())

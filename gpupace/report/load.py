@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -303,12 +304,32 @@ def _run_key(header: dict[str, Any]) -> str:
     return json.dumps(key, sort_keys=True, default=str)
 
 
+JOB_START_S = 120  # one job's pacers start within this of each other (the ranks meet at once)
+
+
 def groups_of_one_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two headers are one job's pacers on two data-parallel groups (same label,
-    settings and size, other `group_ranks`): parts of the job, not two tries to compare."""
+    """Whether two headers are one job's pacers on two data-parallel groups: other
+    `group_ranks`, the same size and settings (a telemetry path or label of each group's own
+    aside), started together. Parts of the job, not two tries to compare."""
     ga, gb = a.get("group_ranks"), b.get("group_ranks")
-    return (isinstance(ga, list) and isinstance(gb, list) and ga != gb
-            and all(a.get(k) == b.get(k) for k in ("source", "label", "world_size", "config")))
+    if not (isinstance(ga, list) and isinstance(gb, list) and ga != gb):
+        return False
+    if a.get("source") != b.get("source") or a.get("world_size") != b.get("world_size"):
+        return False
+    ca, cb = (h.get("config") if isinstance(h.get("config"), dict) else {} for h in (a, b))
+    if {k: v for k, v in ca.items() if k != "telemetry_path"} != \
+            {k: v for k, v in cb.items() if k != "telemetry_path"}:
+        return False
+    ta, tb = _started(a), _started(b)
+    return ta is None or tb is None or abs(ta - tb) <= JOB_START_S
+
+
+def _started(header: dict[str, Any]) -> float | None:
+    """The header's start time in seconds (`make_header`'s format), None when unreadable."""
+    try:
+        return datetime.strptime(str(header.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
 
 
 class NoRecords(ValueError):

@@ -120,22 +120,25 @@ def machine_memory() -> int | None:
 
 
 def _cgroup_limit_files() -> list[Path]:
-    """Where this process's cgroup memory limit may be: the namespace's root (a container's)
-    and its own cgroup, as /proc/self/cgroup names it (v2: '0::/path'; v1: 'N:memory:/path')."""
+    """Where a memory limit on this process may be: its cgroup and every cgroup above it, as
+    /proc/self/cgroup names it (v2: '0::/path', memory.max; v1: 'N:memory:/path',
+    memory.limit_in_bytes), from the namespace's root (a container's) down; a batch job's limit
+    is often on a parent (Slurm's job_N above the step's task)."""
     root = Path("/sys/fs/cgroup")
-    files = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
+    chains = [(root, "memory.max"), (root / "memory", "memory.limit_in_bytes")]  # the roots
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
-        return files
+        lines = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        rel = path.lstrip("/")
-        if controllers == "" and rel:
-            files.append(root / rel / "memory.max")
-        elif "memory" in controllers.split(",") and rel:
-            files.append(root / "memory" / rel / "memory.limit_in_bytes")
-    return files
+        base, name = ((root, "memory.max") if controllers == "" else
+                      (root / "memory", "memory.limit_in_bytes")
+                      if "memory" in controllers.split(",") else (None, ""))
+        parts = [p for p in path.split("/") if p]
+        if base is not None:
+            chains += [(base.joinpath(*parts[:k]), name) for k in range(1, len(parts) + 1)]
+    return list(dict.fromkeys(folder / name for folder, name in chains))
 
 
 def _limit(path: Path) -> int | None:
