@@ -68,10 +68,10 @@ class PaceConfig:
     holdoff_factor: float | None = None
     """A rank's floor starts to rise only after it has not been late (within `guard_us` of the
     last arrival) for `holdoff_factor x world size` steps. With random stragglers each rank is
-    last about once in N steps, so a holdoff of 5N holds about 99% of the ranks (1 - e^-5) at zero
-    delay at any one step (over a long run most pass it now and then). Measured with the policy alone, one Pareto straggler a step at 4/16/64 ranks: pacing
-    adds 0.03/0.2/0.8% of the spread to the step; a persistent straggler is paced within
-    55/119/363 steps."""
+    last about once in N steps, so a holdoff of 5N holds about 99% of the ranks (1 - e^-5) at
+    zero delay at any one step (over a long run most pass it now and then). Measured with the
+    policy alone, one Pareto straggler a step at 4/16/64 ranks: pacing adds 0.03/0.2/0.8% of
+    the spread to the step; a persistent straggler is paced within 55/119/363 steps."""
 
     holdoff_max: int | None = None
     """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A

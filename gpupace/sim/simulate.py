@@ -132,12 +132,14 @@ def _cgroup_limit_files() -> list[Path]:
         lines = []
     for line in lines:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        base, name = ((root, "memory.max") if controllers == "" else
-                      (root / "memory", "memory.limit_in_bytes")
-                      if "memory" in controllers.split(",") else (None, ""))
+        if controllers == "":
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
         parts = [p for p in path.split("/") if p]
-        if base is not None:
-            chains += [(base.joinpath(*parts[:k]), name) for k in range(1, len(parts) + 1)]
+        chains += [(base.joinpath(*parts[:k]), name) for k in range(1, len(parts) + 1)]
     return list(dict.fromkeys(folder / name for folder, name in chains))
 
 
