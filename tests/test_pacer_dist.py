@@ -313,7 +313,8 @@ def test_the_report_pairs_jobs_on_subgroups_group_by_group(tmp_path, capsys):
 
     for mode, name in (("observe", "base"), ("pace", "paced")):
         run_ranks(_telemetry_of_pairs, 4, str(tmp_path / f"{name}.jsonl"), None, mode, 12)
-    f = {(n, g): tmp_path / f"{n}.group{g}.jsonl" for n in ("base", "paced") for g in ("0-1", "2-3")}
+    f = {(n, g): tmp_path / f"{n}.group{g}.jsonl"
+         for n in ("base", "paced") for g in ("0-1", "2-3")}
     runs = load_runs([f["base", "0-1"], f["paced", "2-3"], f["base", "2-3"], f["paced", "0-1"]])
     assert sorted((runs[b].header["group_ranks"], runs[b].mode, runs[p].header["group_ranks"],
                    runs[p].mode) for b, p in pairs(runs)) == [([0, 1], "observe", [0, 1], "pace"),
