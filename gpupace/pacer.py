@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Joinable, JoinHook
 
+from . import checkpoint
 from .agree import check_ranks_agree
 from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
 from .backends.host import HostEngine
@@ -365,6 +366,42 @@ class Pacer(Joinable):
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
                    sites=len(self.site_names), warmup_steps=self.config.warmup_steps)
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the pacer has learnt, for a checkpoint, so that a restarted job does not learn
+        it all again (the holdoff alone is 5 steps a rank: 20,480 steps at 4096 ranks): every
+        rank's earliness floors, holdoff counters and running means and variances, and the
+        sites' on/off switch (`gpupace.checkpoint`). A collective, like FSDP's full state dict:
+        call it on every rank, between steps, and save it from one; each rank gets the same
+        dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
+        Synchronises (device backend)."""
+        self._check_between_steps("state_dict")
+        return checkpoint.gather(self._engine.policy_state(), world_size=self.world_size,
+                                 max_sites=self.config.max_sites, group=self.group,
+                                 device=self.join_device)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Takes over what `state_dict` saved, on a job of as many ranks, each taking its own
+        rank's part (not a collective: call it on every rank, between steps). The next delays
+        are not saved, and the warm-up runs again (its steps measure, as at any start), then
+        pacing goes on from the saved floors and counters. Saved on other nodes or GPUs, a
+        rank's floor may no longer fit it: the floor falls at its first late step. A
+        ValueError for a state of another world size or one no pacer saved."""
+        self._check_between_steps("load_state_dict")
+        self._engine.load_policy_state(checkpoint.unpack(state, world_size=self.world_size,
+                                                         max_sites=self.config.max_sites))
+
+    def _check_between_steps(self, what: str) -> None:
+        self.check_group()
+        if self._engine is None:
+            raise RuntimeError(f"{what}() on a copied pacer, which paces nothing")
+        if self._sites_this_step:
+            raise RuntimeError(f"{what}() inside a step ({self._sites_this_step} paced "
+                               "collectives since the last step()): call it between steps, "
+                               "after pacer.step()")
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{what}() inside a CUDA graph capture: it synchronises; call it "
+                               "outside the captured step")
 
     @property
     def next_delays_us(self):

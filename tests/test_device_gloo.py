@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from gpupace.backends import interpreter_defect  # imports no kernel: the ranks set the flag
 from gpupace.launch import run_ranks
@@ -173,3 +174,74 @@ def test_ranks_that_disagree_on_their_device_sites_are_told_and_that_step_left_o
         assert len(warned) == 1, warned
         assert "different numbers of paced sites in step 3" in warned[0]
         assert "neither paced nor recorded" in warned[0]
+
+
+def _state_carried_over(rank: int, world: int):
+    os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    from gpupace import PaceConfig, checkpoint
+    from gpupace.backends.device import DeviceEngine
+    from gpupace.backends.host import HostEngine
+
+    # The holdoff: 3 steps a rank, 6 at 2 ranks, before rank 0's floor may rise.
+    cfg = PaceConfig(mode="pace", warmup_steps=1, on_steps=1, holdoff_factor=3.0,
+                     threshold_us=20.0, release_us=10.0, floor_rise=0.5, guard_us=10.0,
+                     max_sites=2)
+
+    def run(eng, steps: int) -> list[float]:
+        """Steps of one site: rank 0 arrives 200 us before rank 1, and both leave 50 us after
+        rank 1's arrival (rank 0's delay, below 200 us, changes no exit). The next delays."""
+        delays = []
+        for step in range(steps):
+            base = (step + 1) * STEP_NS
+            eng.clk[1] = base + int(ARRIVE_US[rank] * 1000)
+            ticket = eng.arrive()
+            eng.clk[1] = base + int((ARRIVE_US[1] + TRANSFER_US) * 1000)
+            eng.exit(ticket)
+            eng.end_step(step, 0.0)
+            delays.append(float(eng.state["delay"][0, 0]))
+        return delays
+
+    def engine():
+        return DeviceEngine(cfg, None, rank, world, device="cpu")
+
+    first = engine()
+    learnt = run(first, 12)
+    saved = checkpoint.gather(first.policy_state(), world_size=world, max_sites=2, group=None,
+                              device=torch.device("cpu"))
+    own = first.policy_state()
+    loaded, fresh, host = engine(), engine(), HostEngine(cfg, None, rank, world)
+    for eng in (loaded, host, first):  # `first`: a load into a running engine
+        eng.load_policy_state(checkpoint.unpack(saved, world_size=world, max_sites=2))
+    return (learnt, saved, own, loaded.policy_state(), host.policy_state(),
+            first.state["counter"][0].tolist(), run(loaded, 3), run(fresh, 3), run(first, 2))
+
+
+def test_a_saved_device_state_is_taken_over_by_a_new_engine_of_either_backend():
+    """What a checkpoint carries: the device engine's state, gathered from both ranks, taken
+    over by a new device engine and by a host engine, each rank its own; after the load the
+    warm-up runs again (one step) and the early rank is paced at once, where a new engine
+    waits out the holdoff."""
+    results = run_ranks(_state_carried_over, 2)
+    saved = results[0][1]
+    for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+        assert torch.equal(saved[name], results[1][1][name]), name  # the same on both ranks
+    assert saved["world_size"] == 2 and saved["sites"] == 1
+    assert saved["calm"][0, 0] >= 6 and saved["floor"][0, 0] > 100.0  # rank 0 held off, then paced
+    for rank, (learnt, _, own, loaded, host, counter, after, fresh, again) in enumerate(results):
+        for name, value in own.items():
+            np.testing.assert_array_equal(value, saved[name][rank] if saved[name].ndim == 2
+                                          else saved[name].numpy(), err_msg=name)
+            np.testing.assert_array_equal(loaded[name], value, err_msg=name)
+            np.testing.assert_array_equal(host[name], value, err_msg=name)
+        # A running engine's policy step count goes back to 0: the warm-up runs again.
+        assert counter == [12, 0, 1]
+        if rank == 0:
+            assert learnt[:6] == [0.0] * 6 and learnt[-1] > 100.0  # the holdoff, then paced
+            assert after[0] == 0.0 and after[1] > 100.0  # the warm-up step, then paced at once
+            assert fresh == [0.0] * 3  # a new engine holds off
+            assert again[0] == 0.0 and again[1] > 100.0
+        else:
+            assert max(learnt + after + fresh + again) == 0.0  # the last arrival: never delayed
+

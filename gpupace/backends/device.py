@@ -452,6 +452,36 @@ class DeviceEngine:
         n_state = int(self.state["counter"][0, 2].item())
         return self.state["delay"][0, :max(n_state, 0)].double().cpu().numpy()
 
+    def policy_state(self) -> dict[str, np.ndarray] | None:
+        """This rank's learnt state, [S] a field (`gpupace.checkpoint`); None before any.
+        Synchronises: not for the step loop."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)  # replays may have run on any stream
+        n = int(self.state["counter"][0, 2])
+        if n <= 0:
+            return None
+        return {name: self.state[name][0, :n].cpu().numpy().astype(
+                    np.int64 if name in ("calm", "above", "below") else np.float64)
+                for name in ("floor", "calm", "mean", "var", "active", "above", "below")}
+
+    def load_policy_state(self, saved: dict[str, np.ndarray] | None) -> None:
+        """Takes over a saved state (`checkpoint.unpack`: [N, S] and [S] fields, S at most
+        max_sites; None: none), in place (a captured step's graph reads the same buffers), with
+        the policy's step count at 0, so that the warm-up runs again, and no delay planned.
+        Synchronises."""
+        state = self.state
+        for name in ("floor", "calm", "mean", "var", "delay", "active", "above", "below"):
+            state[name][0].fill_(-1.0 if name == "var" else 0)
+        n = 0
+        if saved is not None:
+            n = saved["floor"].shape[1]
+            for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+                value = saved[name][self.rank] if saved[name].ndim == 2 else saved[name]
+                state[name][0, :n].copy_(torch.from_numpy(np.asarray(value, dtype=np.float64)))
+        state["counter"][0, 1:].copy_(torch.tensor([0, n]))
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
     def warmup(self) -> None:
         """Compiles every kernel (Triton, CuPy NVRTC), makes every view and initialises the
         collective, on scratch copies of the buffers so no state changes; then synchronises.

@@ -226,6 +226,26 @@ class HostEngine:
         n = self.state.shape[1] if self.state is not None else 0
         return self._next_delay[:n].copy()
 
+    def policy_state(self) -> dict[str, np.ndarray] | None:
+        """This rank's learnt state, [S] a field (`gpupace.checkpoint`); None before any."""
+        if self.state is None:
+            return None
+        s, r = self.state, self.rank
+        return {"floor": s.floor[r], "calm": s.calm[r], "mean": s.mean[r], "var": s.var[r],
+                "active": s.active, "above": s.above, "below": s.below}
+
+    def load_policy_state(self, saved: dict[str, np.ndarray] | None) -> None:
+        """Takes over a saved state (`checkpoint.unpack`: [N, S] and [S] fields; None: none),
+        with its step count at 0, so that the warm-up runs again, and no delay planned."""
+        self.state = None
+        self._next_delay[:] = 0.0
+        if saved is None:
+            return
+        state = policy.init_state(self.world_size, saved["floor"].shape[1])
+        for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+            getattr(state, name)[...] = saved[name]
+        self.state = state
+
     def _exchange(self, row: np.ndarray) -> np.ndarray:
         if self.world_size == 1:
             return row[None, :]

@@ -285,3 +285,46 @@ def test_ddp_hook_on_the_device_backend_trains_like_plain_ddp(nccl_group):
     for a, b in zip(plain.parameters(), paced.parameters(), strict=True):
         torch.testing.assert_close(a, b)
     assert len(pacer.site_names) > 1  # several buckets, each one paced site
+
+
+def test_a_saved_state_loads_into_the_device_buffers_that_a_captured_step_reads(nccl_group):
+    """`load_state_dict` writes into the buffers in place, so a step captured before the load
+    replays from the loaded state; `state_dict` reads them back, and refuses to run in a
+    capture."""
+    from gpupace import checkpoint
+
+    pacer = Pacer(paced_config(warmup_steps=0), nccl_group, backend="device")
+    x = torch.zeros(1024, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            pacer.all_reduce(x)
+            pacer.step()
+        pacer.warmup()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        pacer.all_reduce(x)
+        pacer.step()
+        with pytest.raises(RuntimeError, match="inside a CUDA graph capture"):
+            pacer.state_dict()
+    saved = {"format": checkpoint.FORMAT, "world_size": 1, "sites": 1,
+             "floor": torch.tensor([[250.0]]), "calm": torch.tensor([[7]]),
+             "mean": torch.tensor([[300.0]]), "var": torch.tensor([[16.0]]),
+             "active": torch.tensor([True]), "above": torch.tensor([3]),
+             "below": torch.tensor([0])}
+    pacer.load_state_dict(saved)
+    back = pacer.state_dict()
+    for name in checkpoint.PER_RANK + checkpoint.PER_SITE:
+        assert torch.equal(back[name].to(saved[name].dtype), saved[name]), name
+    eng = pacer._engine
+    assert eng.state["counter"][0, 1:].tolist() == [0, 1]
+    g.replay()
+    torch.cuda.synchronize()
+    assert eng.state["counter"][0, 1:].tolist() == [1, 1]  # the replay took the loaded count
+    records = pacer.drain()
+    assert records[-1].active  # the loaded switch: one rank alone never turns it on
+    assert not any(r.active for r in records[:-1])
+    assert pacer.state_dict()["floor"].tolist() == [[250.0]]  # one rank learns nothing

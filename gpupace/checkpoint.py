@@ -1,0 +1,103 @@
+"""What a pacer has learnt, as a checkpoint's entry (`Pacer.state_dict`, `load_state_dict`).
+
+A job restarted from a checkpoint would otherwise learn everything again: at 4096 ranks a
+persistently late rank's peers are paced only after the holdoff, 5 steps a rank (20,480
+steps), and restarts at that scale come every few hours. The state kept is the policy's
+learning: per rank and site the earliness floor, the holdoff's calm counter and the running
+mean and variance of earliness; per site the on/off switch and its hysteresis counters. Not
+kept: the next delays (the first step after a load applies none), the step count (the
+warm-up runs again: its steps measure, as at any start, before the floors move or anything
+is paced) and the timing of the sites (clock readings of the old processes).
+
+Each rank holds its own rank's state (an update computes that one alone), so `gather` is a
+collective: one all_gather of a fixed-width row a rank. The dict holds tensors and plain
+values only, so that `torch.load(weights_only=True)`, torch's default, reads it back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "gpupace.pacer_state/1"
+PER_RANK = ("floor", "calm", "mean", "var")  # [N, S]: each rank's own
+PER_SITE = ("active", "above", "below")  # [S]: the same on every rank
+_INTS = {"calm", "above", "below"}
+
+
+def _row(state: dict[str, np.ndarray] | None, max_sites: int) -> np.ndarray:
+    """One rank's state as float64 [1 + 7 * max_sites]: the site count, then each field padded
+    to max_sites (counters below 2^53 travel exactly)."""
+    row = np.zeros(1 + len(PER_RANK + PER_SITE) * max_sites)
+    if state is None:
+        return row
+    n = len(state["floor"])
+    row[0] = n
+    for i, name in enumerate(PER_RANK + PER_SITE):
+        row[1 + i * max_sites:1 + i * max_sites + n] = state[name]
+    return row
+
+
+def gather(state: dict[str, np.ndarray] | None, *, world_size: int, max_sites: int,
+           group: Any, device: torch.device) -> dict[str, Any]:
+    """Every rank's `state` (this rank's, from its engine: the fields of PER_RANK and PER_SITE,
+    [S] each; None before its first update) in one dict, the same on every rank. A collective
+    (none at world size 1)."""
+    mine = torch.from_numpy(_row(state, max_sites))
+    if world_size == 1:
+        rows = mine[None, :]
+    else:
+        from .backends import gather_rows
+
+        out = torch.empty(world_size * mine.numel(), dtype=torch.float64, device=device)
+        gather_rows(out, mine.to(device), group)
+        rows = out.cpu().reshape(world_size, -1)
+    counts = rows[:, 0].long()
+    n = int(counts[0])
+    if not bool((counts == n).all()):
+        raise RuntimeError(f"gpupace: the ranks' policy states cover different numbers of sites "
+                           f"({counts.tolist()}): they have not paced the same collectives")
+    saved: dict[str, Any] = {"format": FORMAT, "world_size": world_size, "sites": n}
+    for i, name in enumerate(PER_RANK + PER_SITE):
+        block = rows[:, 1 + i * max_sites:1 + i * max_sites + n]
+        value = block if name in PER_RANK else block[0]
+        saved[name] = (value.to(torch.int64) if name in _INTS
+                       else value.bool() if name == "active" else value.clone())
+    return saved
+
+
+def unpack(saved: Any, *, world_size: int, max_sites: int) -> dict[str, np.ndarray] | None:
+    """The state in `saved` (from `gather`) as NumPy arrays, per-rank fields [N, S] and per-site
+    ones [S], S cut to `max_sites` (the first sites keep theirs, as when a step has fewer
+    sites); None when it holds no sites. A ValueError saying what is wrong with it otherwise."""
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        got = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
+        raise ValueError(f"not a gpupace pacer state (Pacer.state_dict()): expected a dict with "
+                         f"format {FORMAT!r}, got {got!r}")
+    if saved.get("world_size") != world_size:
+        raise ValueError(f"this pacer state was saved by a job of {saved.get('world_size')} "
+                         f"ranks, and this pacer has {world_size}: each rank's state is its "
+                         f"own, so it cannot be carried over; start without it")
+    n = saved.get("sites")
+    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+        raise ValueError(f"pacer state: 'sites' must be an integer >= 0, got {n!r}")
+    if n == 0:
+        return None
+    out: dict[str, np.ndarray] = {}
+    for name in PER_RANK + PER_SITE:
+        value = saved.get(name)
+        shape = (world_size, n) if name in PER_RANK else (n,)
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"pacer state: {name!r} must be a tensor of shape {shape}, "
+                             f"got {got}")
+        a = value.detach().cpu().numpy()
+        if not np.isfinite(a.astype(np.float64)).all() or (name != "var" and (a < 0).any()):
+            raise ValueError(f"pacer state: {name!r} holds values that no pacer saves "
+                             f"(negative or not finite)")
+        out[name] = a[..., :max_sites]
+    if (out["var"] < -1).any():
+        raise ValueError("pacer state: 'var' holds values below -1 (-1 means no sample yet)")
+    return out

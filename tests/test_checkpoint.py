@@ -1,0 +1,112 @@
+"""A pacer's state in a checkpoint (`Pacer.state_dict`, `load_state_dict`): gathered from real
+gloo ranks, saved with torch.save from one rank, read back with torch.load's default
+weights_only, taken over by a restarted job's pacers; and what a load refuses."""
+
+import copy
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpupace import PaceConfig, Pacer, checkpoint
+from gpupace.launch import run_ranks
+
+pytestmark = pytest.mark.timeout(150)
+
+# The holdoff: 4 steps a rank, 12 at 3 ranks, before an early rank's floor may rise.
+CONFIG = PaceConfig(mode="pace", warmup_steps=2, on_steps=1, holdoff_factor=4.0,
+                    threshold_us=50.0, release_us=10.0)
+LATE_S = 0.02  # rank 2's handicap, every step
+
+
+def _steps(pacer: Pacer, rank: int, world: int, n: int) -> list[float]:
+    """`n` steps of one paced all_reduce, rank world-1 late by LATE_S; this rank's next delay
+    after each."""
+    delays = []
+    for _ in range(n):
+        time.sleep(LATE_S if rank == world - 1 else 0.0)
+        pacer.all_reduce(torch.ones(8))
+        pacer.step()
+        delays.append(float(pacer.next_delays_us[0]) if pacer.next_delays_us.size else 0.0)
+    return delays
+
+
+def _restart(rank: int, world: int, path: str):
+    first = Pacer(CONFIG)
+    learnt = _steps(first, rank, world, 20)
+    saved = first.state_dict()  # a collective: every rank
+    if rank == 0:
+        torch.save({"pacer": saved}, path)
+    dist.barrier()
+    # The restarted job: a new pacer takes the file over, beside one that starts afresh.
+    resumed, fresh = Pacer(CONFIG), Pacer(CONFIG)
+    resumed.load_state_dict(torch.load(path)["pacer"])  # torch's default: weights_only=True
+    return learnt, saved, _steps(resumed, rank, world, 6), _steps(fresh, rank, world, 6)
+
+
+def test_a_restarted_job_paces_at_once_from_the_saved_state(tmp_path):
+    results = run_ranks(_restart, 3, str(tmp_path / "ckpt.pt"))
+    saved = results[0][1]
+    for _, other, _, _ in results[1:]:  # every rank gets the same dict
+        assert other.keys() == saved.keys()
+        for key, value in saved.items():
+            assert torch.equal(value, other[key]) if torch.is_tensor(value) else value == other[key]
+    assert saved["world_size"] == 3 and saved["sites"] == 1 and saved["active"].tolist() == [True]
+    assert saved["floor"][:2, 0].min() > 1000.0 and saved["floor"][2, 0] < 1000.0
+    for early in (0, 1):
+        learnt, _, resumed, fresh = results[early]
+        # The warm-up's 2 steps, then held off until its 12th calm step's update lets the
+        # floor rise, then paced (on most steps: a loaded VM can hold an early rank back).
+        assert max(learnt[:2 + 11]) == 0.0 and np.median(learnt[-4:]) > 1000.0, learnt
+        # Resumed: the warm-up's 2 steps again, then paced at once; afresh: held off.
+        assert resumed[:2] == [0.0, 0.0] and np.median(resumed[2:]) > 1000.0, resumed
+        assert fresh == [0.0] * 6, fresh
+    assert sum(d > 0 for d in results[2][2]) <= 1  # the late rank: not paced
+
+
+def _saved(world: int = 2, sites: int = 1) -> dict:
+    floor = torch.full((world, sites), 300.0)
+    return {"format": checkpoint.FORMAT, "world_size": world, "sites": sites, "floor": floor,
+            "calm": torch.full((world, sites), 9), "mean": floor.clone(),
+            "var": torch.full((world, sites), 25.0), "active": torch.ones(sites, dtype=bool),
+            "above": torch.zeros(sites, dtype=torch.int64),
+            "below": torch.zeros(sites, dtype=torch.int64)}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(world_size=4), "saved by a job of 4 ranks, and this pacer has 2"),
+    (lambda s: s.update(format="other"), "not a gpupace pacer state"),
+    (lambda s: s.update(sites=-1), "'sites' must be an integer >= 0, got -1"),
+    (lambda s: s.update(floor=torch.zeros(2, 3)), "'floor' must be a tensor of shape (2, 1)"),
+    (lambda s: s.pop("calm"), "'calm' must be a tensor of shape (2, 1), got NoneType"),
+    (lambda s: s["mean"].fill_(float("nan")), "'mean' holds values that no pacer saves"),
+    (lambda s: s["floor"].fill_(-1.0), "'floor' holds values that no pacer saves"),
+    (lambda s: s["var"].fill_(-2.0), "'var' holds values below -1"),
+])
+def test_a_state_no_pacer_of_this_job_saved_is_refused_saying_why(change, message):
+    saved = _saved()
+    change(saved)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        checkpoint.unpack(saved, world_size=2, max_sites=8)
+    with pytest.raises(ValueError, match="not a gpupace pacer state"):
+        checkpoint.unpack([1, 2], world_size=2, max_sites=8)
+
+
+def test_a_state_of_more_sites_than_max_sites_keeps_the_first_and_none_is_no_state():
+    out = checkpoint.unpack(_saved(sites=5), world_size=2, max_sites=3)
+    assert out["floor"].shape == (2, 3) and out["active"].shape == (3,)
+    assert checkpoint.unpack({**_saved(), "sites": 0}, world_size=2, max_sites=3) is None
+
+
+def test_a_single_rank_pacer_saves_and_loads_without_a_process_group():
+    pacer = Pacer(PaceConfig(mode="pace"))
+    assert pacer.state_dict()["sites"] == 0  # nothing learnt yet
+    pacer.load_state_dict(_saved(world=1, sites=2))
+    assert pacer.state_dict()["floor"].tolist() == [[300.0, 300.0]]
+    with pacer.collective("grads"):  # refused inside a step
+        with pytest.raises(RuntimeError, match="inside a step"):
+            pacer.state_dict()
+    with pytest.raises(RuntimeError, match="copied pacer"):
+        copy.deepcopy(pacer).load_state_dict(_saved(world=1))
