@@ -121,7 +121,8 @@ class PaceConfig:
     max_sites: int | None = None
     """Paced collectives per step that take part in the exchange (a DDP bucket is one). The
     timing row has a fixed size so that every rank's all_gather matches; sites past this many
-    in a step are timed for nobody and never delayed."""
+    in a step are timed for nobody and never delayed. At most MAX_SITES (4096): the device
+    kernels hold a step's sites in one block."""
 
     def __post_init__(self) -> None:
         _warn_unknown_env()
@@ -175,6 +176,9 @@ class PaceConfig:
         _check_int("ring_size", self.ring_size, 1)
         _check_range("ring_memory_mb", self.ring_memory_mb, 0.0, 1e7, lo_open=True)
         _check_int("max_sites", self.max_sites, 1)
+        if self.max_sites > MAX_SITES:
+            raise ValueError(f"max_sites must be at most {MAX_SITES} (the device kernels hold a "
+                             f"step's sites in one block), got {self.max_sites}")
         if self.telemetry_path is not None and not isinstance(self.telemetry_path, str):
             raise ValueError(f"telemetry_path must be a string, a path or None, got "
                              f"{type(self.telemetry_path).__name__}")
@@ -195,6 +199,8 @@ class PaceConfig:
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+
+MAX_SITES = 4096  # sites a step: the update kernel's block over them spills registers past it
 
 # Defaults. Spreads and delays are in microseconds: NCCL all-reduces of DDP buckets take
 # hundreds of us to ms, and the stragglers the study describes cost ms per step.

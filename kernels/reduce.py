@@ -201,7 +201,9 @@ class _StreamRef:
 
 @functools.cache
 def _external_stream(ptr: int, device: int) -> Any:
-    """CuPy's view of torch's stream, cached per handle (made once, before any capture)."""
+    """CuPy's view of torch's stream, cached per handle (made once, before any capture).
+    Never evicted: CuPy 14's `Stream.from_external` makes a `Stream`, whose `__del__`
+    destroys the handle it holds, which is torch's stream."""
     import cupy
 
     from_external = getattr(cupy.cuda.Stream, "from_external", None)

@@ -33,6 +33,9 @@ Deliberate differences:
 - float32 throughout (NumPy uses float64): floors and delays agree to float32 rounding, and a
   spread within rounding of a threshold may flip a hysteresis count;
 - the median of the known step times comes from the reduction (a bitonic sort in float32);
+- the calm counter (int32) stops at CALM_MAX, 2^30 steps (the reference's int64 counts on):
+  both are past any holdoff there, and an int32 that wrapped (2^31 steps, 250 days at 10 ms a
+  step) would have stopped the floor from rising;
 - next delays of sites past this step's count are set to 0 in the state (the host keeps them in
   an unused tail); the state's step count is `counter[p, 1]`, the steps done `counter[p, 0]`.
 
@@ -61,6 +64,7 @@ REC_OK, REC_STEP_TIME, REC_SPREAD, REC_RESIDUAL, REC_TRANSFER, REC_STRAGGLER = r
 REC_ACTIVE, REC_SITE, REC_CAP, REC_N_SITES = range(6, 10)
 REC_HEAD = 10
 COUNTER_LEN = 3  # steps done, policy updates (state.step), site count the state was built for
+CALM_MAX = 1 << 30  # where the int32 calm counter stops
 
 
 @triton.jit
@@ -98,6 +102,7 @@ _STRAGGLER, _ACTIVE = tl.constexpr(REC_STRAGGLER), tl.constexpr(REC_ACTIVE)
 _SITE, _CAP, _N_SITES = tl.constexpr(REC_SITE), tl.constexpr(REC_CAP), tl.constexpr(REC_N_SITES)
 _HEAD = tl.constexpr(REC_HEAD)
 COUNTER_LEN_C = tl.constexpr(COUNTER_LEN)
+_CALM_MAX = tl.constexpr(CALM_MAX)
 
 
 def record_len(n_ranks: int, max_sites: int) -> int:
@@ -166,7 +171,7 @@ def _update_kernel(
     ab = tl.where(fresh, 0, tl.load(above_ptr + st_off, mask=on, other=0))
     be = tl.where(fresh, 0, tl.load(below_ptr + st_off, mask=on, other=0))
     # Fast down; up only after `holdoff` steps without being late (within guard of last).
-    c = tl.where(learn, tl.where(e <= guard, 0, c + 1), c)
+    c = tl.where(learn, tl.where(e <= guard, 0, tl.minimum(c + 1, _CALM_MAX)), c)
     # Exponentially weighted mean and variance of earliness, started at the first sample
     # (var < 0: none yet). The state learns from earliness at most OUTLIER_Z sd (and the
     # guard) above the mean, so that one paused step does not switch delays off for long.

@@ -45,6 +45,7 @@ def test_env_is_read_in_the_constructor_not_at_import(monkeypatch):
         ({"warmup_steps": 2.5}, r"warmup_steps must be an integer >= 0, got 2.5"),
         ({"telemetry_interval": True}, r"telemetry_interval must be an integer"),
         ({"max_sites": 0}, r"max_sites must be an integer >= 1"),
+        ({"max_sites": 4097}, r"max_sites must be at most 4096 .* got 4097"),
         ({"telemetry_every": 0}, r"telemetry_every must be an integer >= 1, got 0"),
         ({"ring_memory_mb": 0}, r"ring_memory_mb must be .*\(0.0, 10000000.0\], got 0"),
     ],

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpupace import PaceConfig, Pacer, policy
-from gpupace.backends import device_backend_missing
+from gpupace.backends import blocking_wait_note, device_backend_missing
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,18 @@ def test_auto_picks_device_for_nccl_groups_when_it_can_run(fake_cuda):
     assert Pacer._pick_backend("device", "none") == "device"
     with pytest.raises(RuntimeError, match="nccl"):
         Pacer._pick_backend("device", "gloo")
+
+
+@pytest.mark.parametrize("env, named", [
+    ({}, None), ({"TORCH_NCCL_BLOCKING_WAIT": "0"}, None),
+    ({"TORCH_NCCL_BLOCKING_WAIT": "1"}, "TORCH_NCCL_BLOCKING_WAIT=1"),
+    ({"NCCL_BLOCKING_WAIT": "true"}, "NCCL_BLOCKING_WAIT=true"),
+])
+def test_nccl_blocking_wait_is_named_as_a_host_stall(env, named):
+    """With it, the device engine's work.wait() on every paced async collective waits on the
+    host (the engine warns when it is made on a CUDA group of more than one rank)."""
+    note = blocking_wait_note(env)
+    assert note is None if named is None else (named in note and "block the host" in note)
 
 
 def test_host_pacer_warmup_is_a_no_op():

@@ -299,3 +299,17 @@ def test_update_launcher_checks_arguments(k):
     with pytest.raises(ValueError, match="counter"):  # the old one-rank layout
         k["update"].update(g, dev.row, red, bad, dev.ring, dev.ring_step, paced(2),
                            n_sites=1, rank=0)
+
+
+def test_the_calm_counter_stops_at_calm_max_instead_of_wrapping(k):
+    """int32: one more than 2^31 - 1 steps calm wrapped negative, and the floor never rose
+    again. From CALM_MAX it stays there; a late step still resets it."""
+    params, (w, d, st_us) = paced(), skewed()
+    dev = DeviceSide(k, 3, 2)
+    top = k["update"].CALM_MAX
+    dev.state["calm"][:, :] = top
+    dev.state["counter"][:, 2] = 2  # a state of 2 sites: not fresh ones
+    dev.step(make_rows(w, d, st_us, 2), 2, params)
+    # ranks 0 and 1 arrive early at both sites, rank 2 last
+    assert dev.state["calm"][:2].tolist() == [[top, top], [top, top]]
+    assert dev.state["calm"][2].tolist() == [0, 0]

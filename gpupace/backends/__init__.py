@@ -101,6 +101,27 @@ def interpreter_defect() -> str | None:
     return None
 
 
+BLOCKING_WAIT_VARS = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+
+
+def blocking_wait_note(environ=None) -> str | None:
+    """Why the device backend would stall the host here, or None: with NCCL's blocking wait on,
+    `work.wait()`, which the engine calls to order its exit stamp after a collective, waits on
+    the host instead of ordering streams, and so does the step's synchronous exchange."""
+    import os
+
+    env = os.environ if environ is None else environ
+    on = [v for v in BLOCKING_WAIT_VARS if env.get(v, "").strip().lower() in ("1", "true", "yes")]
+    if not on:
+        return None
+    return (f"gpupace: {on[0]}={env[on[0]]} makes NCCL's work.wait() block the host, and the "
+            "device backend waits on every paced async collective (each DDP bucket, from the "
+            "backward pass) and on the step's exchange: the backward no longer overlaps the "
+            "communication, and the host pays every collective's time. Unset it for paced runs: "
+            "the process group's timeout still holds (NCCL's watchdog aborts a collective "
+            "that outlives it, TORCH_NCCL_ASYNC_ERROR_HANDLING's default)")
+
+
 def gather_rows(out, row, group) -> None:
     """all_gather of one row per rank into one preallocated buffer (flat, or [N, W] where the
     backend takes it): torch 2.13 renamed all_gather_into_tensor, deprecated there, to

@@ -45,7 +45,7 @@ from .. import policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
 from ..warn import warn
-from . import NO_FORK, cuda_device, device_backend_missing, gather_rows
+from . import NO_FORK, blocking_wait_note, cuda_device, device_backend_missing, gather_rows
 from .tail import TailGraphs, tail_graph_wanted
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
@@ -120,6 +120,9 @@ class DeviceEngine:
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._cuda = dev.type == "cuda"
+        blocking = blocking_wait_note() if self._cuda and world_size > 1 else None
+        if blocking:
+            warn(blocking)
         self._pace_stream = torch.cuda.Stream(dev) if self._cuda else None
         # The fork's and the join's events, recorded anew at each use (Stream.wait_stream
         # would make an event each time): a wait takes the record made just before it.
@@ -477,6 +480,8 @@ class DeviceEngine:
             n = saved["floor"].shape[1]
             for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
                 value = saved[name][self.rank] if saved[name].ndim == 2 else saved[name]
+                if name in ("calm", "above", "below"):  # int32 here; a host's are int64
+                    value = np.minimum(value, self._k_update.CALM_MAX)
                 state[name][0, :n].copy_(torch.from_numpy(np.asarray(value, dtype=np.float64)))
         state["counter"][0, 1:].copy_(torch.tensor([0, n]))
         if self._cuda:
