@@ -423,6 +423,10 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
                                           (by_label["none-1"], by_label["gpupace-1"])])
     lone = [r for r in runs if r.label != "none-1"]  # the 4-rank paced run has no baseline
     assert [(lone[i].label, lone[j].label) for i, j in pairs(lone)] == [("none-2", "gpupace-2")]
+    # One baseline, two paced runs of its kind (`gpupace simulate`'s none, oracle, gpupace):
+    # both meet it (the second was left uncompared without a word)
+    three = [runs[by_label["none-2"]], runs[by_label["gpupace-2"]], runs[by_label["gpupace-2"]]]
+    assert pairs(three) == [(0, 1), (0, 2)]
     # Two runs of different jobs given: compared all the same, the unpaced one the baseline
     # whatever the order, with a note that says they are different jobs
     from gpupace.report.diagnose import diagnose
@@ -441,6 +445,9 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
         assert "different jobs (8 and 4 ranks)" in " ".join(comp["notes"]), comp["notes"]
     (same,) = compared([runs[by_label["none-2"]], runs[by_label["gpupace-2"]]])
     assert not any("different jobs" in n for n in same["notes"])
+    # `quiet`: nobody is delayed, and two simulated runs differ in nothing else (no noise)
+    assert "pacing delayed nobody in the paced run: in the simulator that is the baseline's " \
+        "run again" in same["notes"], same["notes"]
 
 
 def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
@@ -455,6 +462,11 @@ def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
     runs = load_runs(paths)
     assert len(runs) == 1 and runs[0].other_files == [paths[1]]
     assert "2 rank files of one run" in runs[0].notes[0]
+    # Rank 0's file cut short (its writer stopped, or dropped records): rank 1's is read
+    full = runs[0].steps
+    paths[0].write_text("\n".join([json.dumps(dict(header, rank=0)), *lines[1:31]]) + "\n")
+    (run,) = load_runs(paths)
+    assert run.path == paths[1] and run.steps == full and "read rank 1's" in run.notes[0]
     # The same file given twice is read once, not compared with itself
     (once,) = load_runs([paths[0], paths[0]])
     assert f"{paths[0]} was given 2 times" in once.notes[0]

@@ -80,6 +80,46 @@ def test_records_written_one_step_in_k_are_not_aligned_across_the_gaps():
     np.testing.assert_array_equal(aligned_spread(each), [500.0, 500.0, 600.0, 700.0])
 
 
+def test_fabric_contention_is_found_in_a_file_of_one_step_in_four():
+    """Contention that varies slowly (AR(1), 0.98 a step) in a file that keeps one step in 4,
+    the pacer's default at 256 ranks: the autocorrelation is read between consecutive records
+    (0.98^4), not between steps one apart, which such a file never has (a review helper's
+    `gpupace simulate --preset fabric`: fabric 'likely' in the full file, 0 when thinned)."""
+    rng = np.random.default_rng(3)
+    n = 1600
+    x = np.empty(n)
+    x[0] = 0.0
+    for k in range(1, n):
+        x[k] = 0.98 * x[k - 1] + 0.2 * rng.standard_normal()
+    transfer = 5000.0 * np.exp(0.5 * x / x.std())
+    e = rng.normal(0.0, 30.0, size=(n, 8))
+    e -= e.min(axis=1, keepdims=True)
+    step_us = 100_000.0 + 3.0 * transfer + np.ptp(e, axis=1)
+    kept = np.arange(0, n, 4)
+    run = _run(e[kept], step_us[kept], transfer[kept], steps=kept)
+    assert run.record_gap == 4 and any("one record in 4 steps" in note for note in run.notes)
+    fab = _mode(diagnose(run), "fabric_contention")
+    assert fab.evidence["transfer_lag1_autocorrelation"] > 0.6
+    assert fab.verdict != "not enough evidence" and fab.share > 0.5
+
+
+def test_a_slowdown_of_every_rank_alike_is_no_coordination_cost():
+    """A checkpoint (+200 ms on every rank, one step in 100) moves no rank relative to the
+    others: its time goes to "unattributed", not to the spread's modes (before the cap on
+    each part, runtime_jitter took 85% of the lost time, 'likely', naming random ranks)."""
+    rng = np.random.default_rng(7)
+    n, world = 1000, 16
+    arrive = rng.normal(0.0, 300.0, size=(n, world))
+    transfer = 3000.0 * (1.0 + 0.01 * rng.standard_normal(n))
+    step_us = 100_000.0 + np.ptp(arrive, axis=1) + transfer
+    step_us[::100] += 200_000.0
+    d = diagnose(_run(arrive.max(axis=1, keepdims=True) - arrive, step_us, transfer))
+    s = d.summary
+    assert s["unattributed_us"] > 0.8 * s["lost_us"], s
+    for mode in ("runtime_jitter", "sync_amplification", "fabric_contention"):
+        assert _mode(d, mode).share < 0.1, (mode, _mode(d, mode))
+
+
 def test_warm_up_steps_are_kept_out_of_the_regimes_and_the_coupling():
     """60 warm-up steps with 4x the transfer (NCCL's start) and small later-site spreads: past
     the warm-up there is one transfer level and no coupling, as in the same run without them."""

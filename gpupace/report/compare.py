@@ -5,7 +5,9 @@ comparison lines and findings.json's `comparisons`.
 Pairing: the k-th paced run (mode "pace") against the k-th unpaced one (observe, off, or a
 simulated run without the policy) of the same world size (and simulated scenario), in the
 order given, so that `gpupace demo`'s baseline-1, baseline-2, paced-1, paced-2 compare as
-paced-1 vs baseline-1 and paced-2 vs baseline-2; pacers on data-parallel subgroups pair
+paced-1 vs baseline-1 and paced-2 vs baseline-2; paced runs past the unpaced ones against the
+last of those (`gpupace simulate`'s none, oracle and gpupace files: each policy against
+none); pacers on data-parallel subgroups pair
 group by group. Two runs without such a pair (two world sizes, a simulated run beside a real
 one, other groups) compare all the same, the unpaced one (else the first) as the baseline,
 with a note that they are different jobs; more such runs are not compared, nor two groups of
@@ -46,13 +48,15 @@ CLI_KEYS = ("throughput", "step_time_mean", "step_time_p99", "step_time_cv", "sp
 
 def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
     """(baseline index, compared index) for each comparison the report shows: within each
-    kind of run (`kind`), the k-th paced run against the k-th unpaced one."""
+    kind of run (`kind`), the k-th paced run against the k-th unpaced one, or the last."""
     base = [i for i, r in enumerate(runs) if r.mode != "pace"]
     paced = [i for i, r in enumerate(runs) if r.mode == "pace"]
     out = []
     for k in dict.fromkeys(kind(runs[i]) for i in paced):
-        out += zip([i for i in base if kind(runs[i]) == k],
-                   [i for i in paced if kind(runs[i]) == k], strict=False)
+        b = [i for i in base if kind(runs[i]) == k]
+        if b:  # paced runs past the baselines meet the last one (none, oracle, gpupace)
+            out += [(b[min(j, len(b) - 1)], i)
+                    for j, i in enumerate(i for i in paced if kind(runs[i]) == k)]
     if out:
         return sorted(out, key=lambda pair: pair[1])
     if len(runs) != 2 or groups_of_one_job(runs[0].header, runs[1].header):
@@ -124,8 +128,10 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
         out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
                    "change is one step's")
     if paced and other.get("delayed_fraction") == 0:
-        out.append("pacing delayed nobody in the paced run: both ran the same code, so the "
-                   "changes are this machine's noise")
+        simulated = runs is not None and all(r.header.get("sim") for r in runs)
+        out.append("pacing delayed nobody in the paced run: " + (
+            "in the simulator that is the baseline's run again" if simulated else
+            "both ran the same code, so the changes are this machine's noise"))
     return out
 
 

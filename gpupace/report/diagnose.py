@@ -25,7 +25,9 @@ count of the report):
 - Each step's remaining excess over the 5th percentile is split between the arrival spread
   it saw and the transfer time, in proportion to their excesses over their own 5th
   percentiles, each weighted by what one us of it costs in step time in this run (a
-  non-negative least-squares fit). Excess with neither is left unattributed.
+  non-negative least-squares fit), and each at most twice that weighted excess (EXPLAIN_FACTOR:
+  a step slowed on every rank alike, a checkpoint or a drift, is no coordination cost).
+  Excess with neither, or beyond both, is left unattributed.
   - spread part: sync_amplification (random late ranks that everyone waits for), except on
     spike steps (beyond q75 + 3 IQR) where it is runtime_jitter (heavy-tailed stalls) for
     a fraction 1 - coupling index (`coupling_index`: waiting ranks visibly slowed down, so
@@ -83,6 +85,7 @@ LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step
                    "as a share of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
+EXPLAIN_FACTOR = 2.0  # a step's spread or transfer part: at most this times its fitted cost
 REGIME_Z = 6.0  # a regime switch: a one-step change of the log transfer beyond this many MADs
 REGIME_MIN_RATIO = 1.5  # ... and by this factor at least
 REGIME_BASE = 5  # steps outside regimes whose median is the level a regime jumps from
@@ -474,7 +477,12 @@ def _diagnose(run: Run) -> Diagnosis:
     with np.errstate(invalid="ignore", divide="ignore"):
         spread_part = np.where(ab > 0, excess * a_w / ab, 0.0)
         xfer_part = np.where(ab > 0, excess * b_w / ab, 0.0)
-    unexplained = float(np.where(ab > 0, 0.0, excess).sum())
+    # Each part at most EXPLAIN_FACTOR times what the fit says its excess costs: a step slowed
+    # on every rank alike (a checkpoint, a drift) has a spread a little above its 5th
+    # percentile, and the split in proportion alone gave that spread all of the step's excess.
+    spread_part = np.minimum(spread_part, EXPLAIN_FACTOR * a_w)
+    xfer_part = np.minimum(xfer_part, EXPLAIN_FACTOR * b_w)
+    unexplained = float((excess - spread_part - xfer_part).sum())
 
     q25, q75 = np.percentile(excess, [25, 75])
     spike_thr = max(q75 + SPIKE_IQR * (q75 - q25), 0.01 * p50)
@@ -575,13 +583,14 @@ def _diagnose(run: Run) -> Diagnosis:
             summary["late_group"]["nodes"] = nodes
 
     # Variability and lag-1 autocorrelation of the transfer as recorded, over pairs of
-    # consecutive measured steps: the aligned series is a two-step mean, which alone gives
-    # independent noise an autocorrelation of 0.5.
+    # consecutive measured records (one step apart, or k where the writer kept one step in k:
+    # from 128 ranks on, by default, where pairs one step apart never occur): the aligned
+    # series is a two-step mean, which alone gives independent noise an autocorrelation of 0.5.
     raw = run.transfer[ok]
     raw_ok = np.isfinite(raw)
     xcv = float(np.std(raw[raw_ok]) / np.mean(raw[raw_ok])) \
         if raw_ok.sum() > 1 and np.mean(raw[raw_ok]) > 0 else 0.0
-    pair = (np.diff(run.step[ok]) == 1) & raw_ok[1:] & raw_ok[:-1]
+    pair = (np.diff(run.step[ok]) == run.record_gap) & raw_ok[1:] & raw_ok[:-1]
     xac = _corr(raw[:-1][pair], raw[1:][pair])
     calm = 1.0 - max(0.0, _corr(xfer, spread))
     fab_sig = min(1.0, xcv / 0.05) * max(0.0, xac) * calm

@@ -66,6 +66,14 @@ class Run:
         return int(self.step.size)
 
     @property
+    def record_gap(self) -> int:
+        """Steps from one record to the next, as the file usually has them: 1, or k where the
+        writer kept one step in k (`telemetry_every`, from 128 ranks on)."""
+        gaps = np.diff(self.step)
+        gaps = gaps[gaps > 0]
+        return max(1, int(np.median(gaps))) if gaps.size else 1
+
+    @property
     def mode(self) -> str:
         """The pacing mode from the header's config ("observe", "pace", ...), or "". A
         simulated run's config is the policy's even when it ran unpaced: its `sim.policy`
@@ -192,6 +200,13 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if dropped:
         run.notes.append(f"{path.name}: the writer dropped {dropped} records, falling behind "
                          f"the steps; this report covers the {run.steps} written")
+    gap = run.record_gap
+    if gap > 1:
+        from .spells import SPELL_STEPS  # here: spells reads Run from this module
+        run.notes.append(f"{path.name}: one record in {gap} steps (the writer's "
+                         f"telemetry_every): step-to-step figures are read between consecutive "
+                         f"records, and late spells shorter than {SPELL_STEPS * gap} steps are "
+                         f"not resolved")
     outside = int(((run.straggler < -1) | (run.straggler >= world)).sum())
     if outside:  # -1: none (fewer than two ranks known)
         run.notes.append(f"{path.name}: {outside} of {run.steps} records name a last rank "
@@ -202,6 +217,13 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
         run.notes.append(f"{path.name}: the header's first_measured_step {given!r:.40} is no "
                          f"step number: the warm-up is {run.warmup_steps} steps (the config's)")
     return run
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 # The per-rank arrays of a record: each holds one value per rank of the run, or none (a
@@ -447,7 +469,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     runs: list[Run] = []
     labels: dict[str, Path] = {}
     for group in order:
-        group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
+        # Each rank file holds every rank's rows: read the largest (a rank's writer may have
+        # dropped records or stopped early), the lowest rank's of equal ones.
+        group.sort(key=lambda ph: (-_size(ph[0]), int(ph[1].get("rank") or 0)))
         path, header = group[0]
         label = _label(header, path, labels, len(runs) + 1)
         try:
@@ -461,8 +485,8 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
                       if p in repeats]
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
-                             f"{header.get('rank') or 0}'s ({path.name}): each holds every "
-                             f"rank's rows")
+                             f"{header.get('rank') or 0}'s ({path.name}), the largest: each "
+                             f"holds every rank's rows")
         dp_ranks = header.get("group_ranks")
         if isinstance(dp_ranks, list) and dp_ranks:
             shown = dp_ranks if len(dp_ranks) <= 8 else f"{dp_ranks[:4]} ... {dp_ranks[-1]}"
