@@ -289,7 +289,7 @@ def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, fil
     assert sorted(tuple(r.header["group_ranks"]) for r in runs) == [(0, 1), (2, 3)]
     assert pairs(runs) == []  # parts of one job: neither is the other's baseline
     for run in runs:
-        assert (f"its ranks 0-1 are global ranks {run.header['group_ranks']}, in that order"
+        assert (f"its ranks 0-1, global ranks {run.header['group_ranks']}, in that order"
                 in " ".join(run.notes)), run.notes
     if len(files) == 4:  # rank files of two pairs, in an order that interleaves the pairs
         mixed = tmp_path / "mixed"

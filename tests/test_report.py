@@ -675,3 +675,15 @@ def test_groups_of_one_job_are_told_from_two_jobs_by_settings_and_start():
     assert not groups_of_one_job(a, head([2, 3], mode="observe"))  # a baseline: another job
     assert not groups_of_one_job(a, head([0, 1]))  # the same group: rank files, or a rerun
     assert groups_of_one_job(a, head([2, 3], started="unknown"))  # no start to tell by
+
+
+def test_a_subgroup_note_lets_every_rank_named_be_found_as_a_global_rank():
+    """A review found "global ranks [1, 3, 5, 7] ... 127": no way back from group rank 13 to
+    its global rank, nor at all for an unevenly spaced group."""
+    from gpupace.report.load import group_note
+
+    assert group_note(list(range(1, 128, 2))).endswith(
+        "its ranks 0-63, global rank 1 + 2 x the rank named (1-127)")
+    uneven = [0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21]
+    assert group_note(uneven).endswith(f"its ranks 0-11, global ranks {uneven}, in that order")
+    assert group_note([2, 3]).endswith("its ranks 0-1, global ranks [2, 3], in that order")

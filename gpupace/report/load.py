@@ -219,6 +219,18 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     return run
 
 
+def group_note(ranks: list[int]) -> str:
+    """What the report's rank numbers are on a data-parallel subgroup: the group's, each a
+    global rank, as a formula where the group is evenly spaced, else listed in full (a group
+    rank must be found again in it)."""
+    head = f"a data-parallel group of the job: the ranks named here are its ranks 0-{len(ranks) - 1}"
+    steps = {b - a for a, b in zip(ranks, ranks[1:], strict=False)}
+    if len(ranks) > 8 and len(steps) == 1:
+        first, (stride,) = ranks[0], steps
+        return f"{head}, global rank {first} + {stride} x the rank named ({first}-{ranks[-1]})"
+    return f"{head}, global ranks {ranks}, in that order"
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -469,9 +481,15 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     runs: list[Run] = []
     labels: dict[str, Path] = {}
     for group in order:
-        # Each rank file holds every rank's rows: read the largest (a rank's writer may have
-        # dropped records or stopped early), the lowest rank's of equal ones.
-        group.sort(key=lambda ph: (-_size(ph[0]), int(ph[1].get("rank") or 0)))
+        # Each rank file holds every rank's rows: read the lowest rank's, unless another is
+        # larger by more than the few bytes that the writers' own times make (its writer
+        # dropped records, or stopped early).
+        group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
+        largest = max(group, key=lambda ph: _size(ph[0]))
+        fuller = _size(largest[0]) > 1.02 * _size(group[0][0])
+        if fuller:
+            group.remove(largest)
+            group.insert(0, largest)
         path, header = group[0]
         label = _label(header, path, labels, len(runs) + 1)
         try:
@@ -485,13 +503,12 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
                       if p in repeats]
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
-                             f"{header.get('rank') or 0}'s ({path.name}), the largest: each "
-                             f"holds every rank's rows")
+                             f"{header.get('rank') or 0}'s ({path.name}"
+                             f"{', the largest' if fuller else ''}): each holds every rank's "
+                             f"rows")
         dp_ranks = header.get("group_ranks")
         if isinstance(dp_ranks, list) and dp_ranks:
-            shown = dp_ranks if len(dp_ranks) <= 8 else f"{dp_ranks[:4]} ... {dp_ranks[-1]}"
-            run.notes.append(f"a data-parallel group of the job: its ranks 0-{len(dp_ranks) - 1}"
-                             f" are global ranks {shown}, in that order")
+            run.notes.append(group_note(dp_ranks))
         if run.skipped:
             run.notes.append(f"{path.name}: {len(run.skipped)} unreadable or implausible "
                              f"lines skipped (first: {run.skipped[0]})")
