@@ -120,6 +120,23 @@ def test_a_slowdown_of_every_rank_alike_is_no_coordination_cost():
         assert _mode(d, mode).share < 0.1, (mode, _mode(d, mode))
 
 
+def test_transfer_bursts_are_named_as_regimes_or_fabric_bursts_and_possible_at_most():
+    """The transfer x3 for 20 steps in every 100: a runtime's regimes and bursts of contention
+    give the same telemetry (one transfer a collective); runtime_jitter was 'likely, 1.00'
+    with advice about cores and allocators alone."""
+    rng = np.random.default_rng(11)
+    n = 1000
+    transfer = 3000.0 * (1.0 + 0.02 * rng.standard_normal(n))
+    transfer[(np.arange(n) % 100) < 20] *= 3.0
+    e = rng.normal(0.0, 30.0, size=(n, 8))
+    e -= e.min(axis=1, keepdims=True)
+    d = diagnose(_run(e, 100_000.0 + transfer + np.ptp(e, axis=1), transfer))
+    jit = _mode(d, "runtime_jitter")
+    assert jit.verdict == "possible" and jit.share > 0.5, (jit.verdict, jit.share)
+    assert jit.evidence["regime_switching"] and jit.evidence["regimes_or_fabric_bursts"]
+    assert "contention that comes and goes on the fabric" in jit.action
+
+
 def test_warm_up_steps_are_kept_out_of_the_regimes_and_the_coupling():
     """60 warm-up steps with 4x the transfer (NCCL's start) and small later-site spreads: past
     the warm-up there is one transfer level and no coupling, as in the same run without them."""

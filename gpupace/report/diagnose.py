@@ -85,6 +85,9 @@ LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step
                    "as a share of the total measured step time")
 LOCALITY_CONSISTENCY = 0.7  # fraction of steps a locality rank must be late by half its offset
 SPIKE_IQR = 3.0
+# runtime_jitter's confidence where its time is mostly regimes (a transfer that jumps and
+# stays), which fabric bursts look the same as: "possible" at most.
+REGIME_ONLY_CONFIDENCE = 0.5
 EXPLAIN_FACTOR = 2.0  # a step's spread or transfer part: at most this times its fitted cost
 REGIME_Z = 6.0  # a regime switch: a one-step change of the log transfer beyond this many MADs
 REGIME_MIN_RATIO = 1.5  # ... and by this factor at least
@@ -638,12 +641,20 @@ def _diagnose(run: Run) -> Diagnosis:
         candidate = lost[mode] / lost_total if lost_total > 0 else 0.0
         ev = dict(ev, candidate_lost_us_per_step=lost[mode] / n)
         conf = float(np.clip(sig, 0, 1) * enough * min(1.0, candidate / 0.1)) if worth else 0.0
+        act = action(mode, ranks, run.comm_backend, nodes=ev.get("late_nodes", []))
+        if mode == "runtime_jitter" and regime and spike_share < 0.5:
+            # Its time is the regimes' more than the spikes': a transfer time that jumps up,
+            # stays and comes back, which one transfer figure a collective cannot tell from
+            # bursts of contention on the fabric. Possible at most, and both named.
+            conf = min(conf, REGIME_ONLY_CONFIDENCE)
+            act += ("; or contention that comes and goes on the fabric (other jobs' traffic "
+                    "on shared links), which the telemetry cannot tell from a runtime's regimes")
+            ev["regimes_or_fabric_bursts"] = True
         verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
                    else "not enough evidence")
         attributed = lost[mode] if verdict != "not enough evidence" else 0.0
         if not attributed:  # the time stays unattributed: no evidence, no share
             low_confidence += lost[mode]
-        act = action(mode, ranks, run.comm_backend, nodes=ev.get("late_nodes", []))
         if mode == "sync_amplification" and spells and spell_lost >= 0.5 * lost[mode]:
             act = action("late_spells", list(dict.fromkeys(r for sp in by_cost
                                                            for r in sp["ranks"])),
