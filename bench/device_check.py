@@ -500,38 +500,41 @@ def run_launch_cost(fig: dict[str, Any], log: Path, timeout_s: float) -> dict[st
     """`bench/launch_cost.py` in a process of its own (a direct launch gone wrong may break
     its CUDA context, not this one's): host us per Triton launch, through the JIT, Triton's
     runner and the engine's `Hot`."""
-    path = Path(tempfile.mkdtemp(prefix="gpupace-launch-")) / "launch_cost.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "launch_cost.py"), "--json", str(path)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TRITON_INTERPRET", None)  # the compiled kernels, never the interpreter
-    rc, seconds = run_logged(cmd, log, timeout_s, env)
-    out = {"ran": True, "returncode": rc, "seconds": seconds}
-    if path.exists():
-        try:  # a process killed mid-write leaves half a file: say so, and go on
-            fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            out["error"] = f"{type(e).__name__}: {e}"
+    with tempfile.TemporaryDirectory(prefix="gpupace-launch-") as tmp:
+        path = Path(tmp) / "launch_cost.json"
+        cmd = [sys.executable, str(ROOT / "bench" / "launch_cost.py"), "--json", str(path)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("TRITON_INTERPRET", None)  # the compiled kernels, never the interpreter
+        rc, seconds = run_logged(cmd, log, timeout_s, env)
+        out = {"ran": True, "returncode": rc, "seconds": seconds}
+        if path.exists():
+            try:  # a process killed mid-write leaves half a file: say so, and go on
+                fig["launch_cost"] = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                out["error"] = f"{type(e).__name__}: {e}"
     return out
 
 
 def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[str, Any]:
     """`python -m bench --suite gpu --quick` (it writes its files after every benchmark),
     packed into one tar: the GPU machine returns at most 8 files."""
-    suite_dir = Path(tempfile.mkdtemp(prefix="gpupace-suite-"))
-    cmd = [sys.executable, "-m", "bench", "--suite", "gpu", "--quick", "--out", str(suite_dir)]
-    rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
-    files = sorted(q for q in suite_dir.rglob("*") if q.is_file())
-    tar = out / f"{stem}-suite.tar"
-    res = {"ran": True, "returncode": rc, "seconds": seconds, "files": [q.name for q in files],
-           "tar": None}
-    if files:
-        try:  # the check's own results are written whatever happens here
-            with tarfile.open(tar, "w") as tf:
-                for q in files:
-                    tf.add(q, arcname=q.relative_to(suite_dir))
-            res["tar"] = tar.name
-        except OSError as e:
-            res["error"] = f"packing the suite's files failed: {type(e).__name__}: {e}"
+    with tempfile.TemporaryDirectory(prefix="gpupace-suite-") as tmp:
+        suite_dir = Path(tmp)
+        cmd = [sys.executable, "-m", "bench", "--suite", "gpu", "--quick", "--out",
+               str(suite_dir)]
+        rc, seconds = run_logged(cmd, log, timeout_s, dict(os.environ, PYTHONUNBUFFERED="1"))
+        files = sorted(q for q in suite_dir.rglob("*") if q.is_file())
+        tar = out / f"{stem}-suite.tar"
+        res = {"ran": True, "returncode": rc, "seconds": seconds,
+               "files": [q.name for q in files], "tar": None}
+        if files:
+            try:  # the check's own results are written whatever happens here
+                with tarfile.open(tar, "w") as tf:
+                    for q in files:
+                        tf.add(q, arcname=q.relative_to(suite_dir))
+                res["tar"] = tar.name
+            except OSError as e:
+                res["error"] = f"packing the suite's files failed: {type(e).__name__}: {e}"
     return res
 
 

@@ -138,6 +138,18 @@ def test_quick_cpu_suite_through_main(tmp_path):
     assert len(list(tmp_path.glob("*.png"))) >= 2
 
 
+def test_host_path_without_triton_is_a_skip_with_its_install_line(tmp_path, monkeypatch,
+                                                                    capsys):
+    """`pip install -e .` has no triton: the CPU suite exited 1 on host_path's import error."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    assert main(["--suite", "cpu", "--quick", "--only", "host_path", "--out", str(tmp_path)]) == 0
+    assert "SKIP host_path: needs triton" in capsys.readouterr().err
+
+
 @pytest.mark.timeout(120)
 def test_host_path_leaves_the_kernels_compiled_ones_for_a_gpu_suite_after_it(tmp_path):
     """host_path builds a device engine under the interpreter's flag; `--suite all` then runs

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,9 +115,12 @@ def test_the_launch_cost_probe_runs_in_its_own_process_and_skips_without_cuda(tm
     dc = load()
     fig: dict = {}
     log = tmp_path / "check.log"
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("gpupace-launch-*"))
     ran = dc.run_launch_cost(fig, log, 120.0)
     assert ran["ran"] and ran["returncode"] == 0 and fig == {}
     assert "launch cost: SKIP: no CUDA device" in log.read_text()
+    assert set(tmp.glob("gpupace-launch-*")) == before  # its folder removed (one a run left)
 
 
 def test_a_launch_way_that_fails_is_dropped_with_why_and_the_others_are_timed():

@@ -41,7 +41,10 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     fractions = [r["oracle_fraction"] for r in doc["rows"] if r["policy"] == "oracle"]
     assert [r[-1] for r in oracle_rows] == ["-" if f is None else "100" for f in fractions]
     assert "100" in [r[-1] for r in oracle_rows]  # amplification's coupling gives it a gain
-    assert set(doc) == {"preset", "notes", "coupling", "rows"}
+    assert set(doc) == {"preset", "notes", "steps", "seed", "gpus_per_node", "coupling",
+                        "units", "versions", "host", "date", "rows"}
+    assert (doc["steps"], doc["seed"], doc["gpus_per_node"]) == (120, 3, 8)
+    assert set(doc["units"]) <= ROW_KEYS and "gpupace" in doc["versions"]
     assert doc["preset"] == "amplification" and doc["coupling"]["collective"] > 0
     assert len(doc["rows"]) == 6
     for r in doc["rows"]:
@@ -132,6 +135,18 @@ def test_telemetry_names_that_runs_would_write_over_are_refused(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and expected in err[0], err
     assert not list(tmp_path.iterdir())
+
+
+def test_telemetry_at_a_path_that_holds_a_file_keeps_that_file(tmp_path, capsys):
+    """As the Pacer does: a real job's telemetry at the path was overwritten without a word."""
+    real = tmp_path / "run.jsonl"
+    real.write_text('{"gpupace": "telemetry", "source": "pacer"}\n')
+    assert main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "50",
+                 "--telemetry", str(real)]) == 0
+    err = capsys.readouterr().err
+    assert f"telemetry: {real} already held a run: kept it as {real}.1" in err
+    assert (tmp_path / "run.jsonl.1").read_text() == '{"gpupace": "telemetry", "source": "pacer"}\n'
+    assert read_telemetry(real).header["source"] == "sim"
 
 
 def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
@@ -347,10 +362,12 @@ def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
     from gpupace.sim.table import format_table
 
     row = {"nodes": 4, "ranks": 32, "policy": "gpupace", "throughput": 611.0,
-           "step_time_cv": 0.03, "step_time_p99": 1e5, "gain_pct": -0.001,
+           "step_time_cv": 0.03, "step_time_p99": 1e5, "gain_pct": -0.0004,
            "oracle_fraction": -0.003}
     line = format_table([row]).splitlines()[-1]
-    assert line.split()[-2:] == ["0.00", "0"], line
+    assert line.split()[-2:] == ["0.000", "0"], line
+    # three decimals: the README's -0.001% (paper, 32 nodes) read "0.00" beside a share of -4
+    assert format_table([dict(row, gain_pct=-0.0012)]).splitlines()[-1].split()[-2] == "-0.001"
     oracle = dict(row, policy="oracle", gain_pct=0.5, oracle_fraction=1.0)
     small = dict(oracle, gain_pct=0.01, oracle_fraction=None)
     lines = format_table([oracle, small]).splitlines()

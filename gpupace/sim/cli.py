@@ -21,6 +21,7 @@ from typing import Any
 
 from ..cli import check_output_file
 from ..config import PaceConfig
+from ..telemetry import make_header
 from .calibrate import fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
@@ -218,12 +219,15 @@ def run(args: argparse.Namespace) -> int:
     keep_last: dict[str, SimResult] = {}
     written: list[str] = []
 
+    def kept(path: Path, aside: Path) -> None:
+        print(f"telemetry: {path} already held a run: kept it as {aside}", file=sys.stderr)
+
     def on_result(res: SimResult) -> None:
         if tel is None:
             return
         if "{nodes}" in tel or "{policy}" in tel:
             path = tel.replace("{nodes}", str(res.scenario.nodes)).replace("{policy}", res.policy)
-            write_telemetry(res, path)
+            write_telemetry(res, path, on_kept=kept)
             written.append(path)
         elif res.policy == "gpupace" and res.scenario.nodes == max(nodes):
             keep_last["res"] = res
@@ -244,15 +248,20 @@ def run(args: argparse.Namespace) -> int:
     if biggest.coupling == 0.0 and args.coupling != "off":
         print(no_coupling_note(name))
     if "res" in keep_last:
-        write_telemetry(keep_last["res"], tel)
+        write_telemetry(keep_last["res"], tel, on_kept=kept)
         written.append(tel)
     if written:
         print(f"telemetry: {', '.join(written)}  (gpupace report FILE [--out DIR])",
               file=sys.stderr)
     if args.json:
+        made = make_header(source="sim", world_size=0)  # versions, host, date: the run's
         out: dict[str, Any] = {"preset": name, "notes": [late] if late else [],
+                               "steps": args.steps, "seed": args.seed,
+                               "gpus_per_node": args.gpus_per_node,
                                "coupling": {"collective": biggest.coupling,
                                             "spin": biggest.paced_coupling},
+                               "units": ROW_UNITS, "versions": made["versions"],
+                               "host": made["host"], "date": made["started"],
                                "rows": [{k: finite(v) if isinstance(v, float) else v
                                          for k, v in r.items()} for r in rows]}
         if args.from_telemetry:  # the whole fit, every rank's offset with it
@@ -264,6 +273,12 @@ def run(args: argparse.Namespace) -> int:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot_table(rows, args.plot, title=f"gpupace simulate, {title}")
     return 0
+
+
+# The units of a --json row's figures.
+ROW_UNITS = {"throughput": "samples/s", "step_time_cv": "fraction",
+             "step_time_p99": "us", "gain_pct": "% of none's throughput",
+             "oracle_fraction": "fraction of the oracle's gain"}
 
 
 def keeps_a_result(telemetry: str | None) -> bool:

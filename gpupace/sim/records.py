@@ -19,7 +19,7 @@ or, with control over the scenario:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +75,17 @@ def to_records(result: SimResult) -> Iterator[StepRecord]:
 
 
 def write_telemetry(result: SimResult, path: str | os.PathLike, *, label: str | None = None,
-                    interval: int = 1000) -> Path:
+                    interval: int = 1000, on_kept: Callable[[Path, Path], None] | None = None
+                    ) -> Path:
     """Writes `result` as a telemetry JSON-lines file readable by
     `gpupace.telemetry.read_telemetry`. `label` defaults to "<preset> <nodes>x<gpus> <policy>"
-    (`sim_header`). Returns the path."""
-    writer = TelemetryWriter(path, sim_header(result, label), interval=interval)
+    (`sim_header`). A file already at `path` (a real job's, perhaps) is kept, renamed
+    `path.1` (then .2, ...), as the Pacer keeps one, and `on_kept(path, kept)` told. Returns
+    the path."""
+    writer = TelemetryWriter(path, sim_header(result, label), interval=interval,
+                             keep_previous=True)
+    if writer.kept is not None and on_kept is not None:
+        on_kept(Path(path), writer.kept)
     try:
         for rec in to_records(result):
             writer.write(rec)

@@ -71,13 +71,13 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     lines = [f"{'nodes':>5} {'ranks':>6} {'policy':>8} {'samples/s':>11} {'CV':>6} "
              f"{'p99 ms':>8}  {'gain vs none %':>14}  {'% of oracle gain':>16}"]
     for r in rows:
-        # A gain that rounds to zero is printed without a sign ("-0.00" read as a loss): the
+        # A gain that rounds to zero is printed without a sign ("-0.000" read as a loss): the
         # share rounds to an int, which has no -0, and "+ 0.0" turns a float's -0.0 into 0.0.
         frac = "-" if r["oracle_fraction"] is None else f"{round(100.0 * r['oracle_fraction'])}"
-        gain = round(r["gain_pct"], 2) + 0.0
+        gain = round(r["gain_pct"], 3) + 0.0
         lines.append(f"{r['nodes']:>5} {r['ranks']:>6} {r['policy']:>8} {r['throughput']:>11.1f} "
                      f"{r['step_time_cv']:>6.3f} {r['step_time_p99'] / 1e3:>8.1f} "
-                     f"{gain:>14.2f}  {frac:>16}")
+                     f"{gain:>14.3f}  {frac:>16}")
     if any(r["oracle_fraction"] is None for r in rows):
         lines.append(f"(% of oracle gain: - where the oracle gained under "
                      f"{MIN_ORACLE_GAIN_PCT}%, too little to take a share of)")
