@@ -10,8 +10,10 @@ warm-up runs again: its steps measure, as at any start, before the floors move o
 is paced) and the timing of the sites (clock readings of the old processes).
 
 Each rank holds its own rank's state (an update computes that one alone), so `gather` is a
-collective: one all_gather of a fixed-width row a rank. The dict holds tensors and plain
-values only, so that `torch.load(weights_only=True)`, torch's default, reads it back.
+collective: an all_gather of the site counts, then one of the rows. A data-parallel
+subgroup's state names its global ranks, and loads only into that group's pacer. The dict
+holds tensors and plain values only, so that `torch.load(weights_only=True)`, torch's
+default, reads it back.
 """
 
 from __future__ import annotations
@@ -27,51 +29,58 @@ PER_SITE = ("active", "above", "below")  # [S]: the same on every rank
 _INTS = {"calm", "above", "below"}
 
 
-def _row(state: dict[str, np.ndarray] | None, max_sites: int) -> np.ndarray:
-    """One rank's state as float64 [1 + 7 * max_sites]: the site count, then each field padded
-    to max_sites (counters below 2^53 travel exactly)."""
-    row = np.zeros(1 + len(PER_RANK + PER_SITE) * max_sites)
-    if state is None:
-        return row
-    n = len(state["floor"])
-    row[0] = n
+def _row(state: dict[str, np.ndarray] | None, width: int) -> np.ndarray:
+    """One rank's state as float64 [7 * width]: each field padded to `width` sites (counters
+    below 2^53 travel exactly)."""
+    row = np.zeros(len(PER_RANK + PER_SITE) * width)
+    n = 0 if state is None else len(state["floor"])
     for i, name in enumerate(PER_RANK + PER_SITE):
-        row[1 + i * max_sites:1 + i * max_sites + n] = state[name]
+        if n:
+            row[i * width:i * width + n] = state[name]
     return row
 
 
-def gather(state: dict[str, np.ndarray] | None, *, world_size: int, max_sites: int,
-           group: Any, device: torch.device) -> dict[str, Any]:
-    """Every rank's `state` (this rank's, from its engine: the fields of PER_RANK and PER_SITE,
-    [S] each; None before its first update) in one dict, the same on every rank. A collective
-    (none at world size 1)."""
-    mine = torch.from_numpy(_row(state, max_sites))
+def _all_rows(row: np.ndarray, world_size: int, group: Any, device: torch.device) -> torch.Tensor:
+    """[world_size, len(row)]: every rank's `row` (one all_gather; none at world size 1)."""
+    mine = torch.from_numpy(row)
     if world_size == 1:
-        rows = mine[None, :]
-    else:
-        from .backends import gather_rows
+        return mine[None, :]
+    from .backends import gather_rows
 
-        out = torch.empty(world_size * mine.numel(), dtype=torch.float64, device=device)
-        gather_rows(out, mine.to(device), group)
-        rows = out.cpu().reshape(world_size, -1)
-    counts = rows[:, 0].long()
+    out = torch.empty(world_size * mine.numel(), dtype=torch.float64, device=device)
+    gather_rows(out, mine.to(device), group)
+    return out.cpu().reshape(world_size, -1)
+
+
+def gather(state: dict[str, np.ndarray] | None, *, world_size: int, group: Any,
+           device: torch.device, group_ranks: list[int] | None = None) -> dict[str, Any]:
+    """Every rank's `state` (this rank's, from its engine: the fields of PER_RANK and PER_SITE,
+    [S] each; None before its first update) in one dict, the same on every rank: two
+    all_gathers, the site counts and then rows of that many sites (none at world size 1).
+    `group_ranks`: the global ranks of a data-parallel subgroup, which a load must match."""
+    n_mine = 0 if state is None else len(state["floor"])
+    counts = _all_rows(np.array([float(n_mine)]), world_size, group, device)[:, 0].long()
     n = int(counts[0])
     if not bool((counts == n).all()):
         raise RuntimeError(f"gpupace: the ranks' policy states cover different numbers of sites "
                            f"({counts.tolist()}): they have not paced the same collectives")
-    saved: dict[str, Any] = {"format": FORMAT, "world_size": world_size, "sites": n}
+    rows = _all_rows(_row(state, n), world_size, group, device)
+    saved: dict[str, Any] = {"format": FORMAT, "world_size": world_size, "sites": n,
+                             "group_ranks": list(group_ranks) if group_ranks else None}
     for i, name in enumerate(PER_RANK + PER_SITE):
-        block = rows[:, 1 + i * max_sites:1 + i * max_sites + n]
+        block = rows[:, i * n:(i + 1) * n]
         value = block if name in PER_RANK else block[0]
         saved[name] = (value.to(torch.int64) if name in _INTS
                        else value.bool() if name == "active" else value.clone())
     return saved
 
 
-def unpack(saved: Any, *, world_size: int, max_sites: int) -> dict[str, np.ndarray] | None:
+def unpack(saved: Any, *, world_size: int, max_sites: int,
+           group_ranks: list[int] | None = None) -> dict[str, np.ndarray] | None:
     """The state in `saved` (from `gather`) as NumPy arrays, per-rank fields [N, S] and per-site
-    ones [S], S cut to `max_sites` (the first sites keep theirs, as when a step has fewer
-    sites); None when it holds no sites. A ValueError saying what is wrong with it otherwise."""
+    ones [S], S cut to `max_sites` (the first sites keep theirs); None when it holds no sites.
+    A ValueError saying what is wrong with it otherwise: another world size, or another
+    data-parallel group (`group_ranks`, None for the whole world)."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         got = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"not a gpupace pacer state (Pacer.state_dict()): expected a dict with "
@@ -80,6 +89,16 @@ def unpack(saved: Any, *, world_size: int, max_sites: int) -> dict[str, np.ndarr
         raise ValueError(f"this pacer state was saved by a job of {saved.get('world_size')} "
                          f"ranks, and this pacer has {world_size}: each rank's state is its "
                          f"own, so it cannot be carried over; start without it")
+    theirs = saved.get("group_ranks") or None
+    mine = list(group_ranks) if group_ranks else None
+    if theirs != mine:
+        def who(ranks):
+            return f"data-parallel group {ranks}" if ranks else "the whole world"
+
+        raise ValueError(f"this pacer state was saved by the pacer of {who(theirs)}, and this "
+                         f"pacer's is {who(mine)}: each group has a state of its own (call "
+                         f"state_dict() on every rank and save each group's, from one of its "
+                         f"ranks)")
     n = saved.get("sites")
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
         raise ValueError(f"pacer state: 'sites' must be an integer >= 0, got {n!r}")
@@ -97,7 +116,7 @@ def unpack(saved: Any, *, world_size: int, max_sites: int) -> dict[str, np.ndarr
         if not np.isfinite(a.astype(np.float64)).all() or (name != "var" and (a < 0).any()):
             raise ValueError(f"pacer state: {name!r} holds values that no pacer saves "
                              f"(negative or not finite)")
-        out[name] = a[..., :max_sites]
+        out[name] = a[..., :max_sites].copy()  # not a view of the caller's tensors
     if (out["var"] < -1).any():
         raise ValueError("pacer state: 'var' holds values below -1 (-1 means no sample yet)")
     return out

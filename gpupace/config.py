@@ -121,8 +121,9 @@ class PaceConfig:
     max_sites: int | None = None
     """Paced collectives per step that take part in the exchange (a DDP bucket is one). The
     timing row has a fixed size so that every rank's all_gather matches; sites past this many
-    in a step are timed for nobody and never delayed. At most MAX_SITES (4096): the device
-    kernels hold a step's sites in one block."""
+    in a step are timed for nobody and never delayed. At most MAX_SITES (4096), on either
+    backend, so that a config runs on both: the device kernels hold a step's sites in one
+    block."""
 
     def __post_init__(self) -> None:
         _warn_unknown_env()

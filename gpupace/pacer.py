@@ -377,8 +377,8 @@ class Pacer(Joinable):
         Synchronises (device backend)."""
         self._check_between_steps("state_dict")
         return checkpoint.gather(self._engine.policy_state(), world_size=self.world_size,
-                                 max_sites=self.config.max_sites, group=self.group,
-                                 device=self.join_device)
+                                 group=self.group, device=self.join_device,
+                                 group_ranks=_subgroup_ranks(self.group))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Takes over what `state_dict` saved, on a job of as many ranks, each taking its own
@@ -388,8 +388,9 @@ class Pacer(Joinable):
         rank's floor may no longer fit it: the floor falls at its first late step. A
         ValueError for a state of another world size or one no pacer saved."""
         self._check_between_steps("load_state_dict")
-        self._engine.load_policy_state(checkpoint.unpack(state, world_size=self.world_size,
-                                                         max_sites=self.config.max_sites))
+        self._engine.load_policy_state(checkpoint.unpack(
+            state, world_size=self.world_size, max_sites=self.config.max_sites,
+            group_ranks=_subgroup_ranks(self.group)))
 
     def _check_between_steps(self, what: str) -> None:
         self.check_group()

@@ -165,6 +165,33 @@ def resize_state(state: PolicyState, n_sites: int) -> PolicyState:
     return new
 
 
+LEARNT = ("floor", "calm", "mean", "var", "delay", "active", "above", "below")
+
+
+def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
+                   delay: np.ndarray, step_us: np.ndarray, *,
+                   rank: int | None = None) -> StepStats:
+    """`update_in_place` for a step of n sites (the columns of `wait`), at most the state's: its
+    first n sites learn, the others keep what they learnt until they come back. A DDP model's
+    first step has one bucket: a state loaded from a checkpoint, or learnt, kept its first
+    site's alone. (Grow a state for more sites with `resize_state`.)"""
+    n = np.shape(wait)[1] if np.ndim(wait) == 2 else state.shape[1]
+    if n >= state.shape[1]:
+        return update_in_place(params, state, wait, delay, step_us, rank=rank)
+    lead = leading_sites(state, n)
+    stats = update_in_place(params, lead, wait, delay, step_us, rank=rank)
+    for name in LEARNT:  # the same memory on the fused path; new arrays on the reference's
+        getattr(state, name)[..., :n] = getattr(lead, name)
+    state.step = lead.step
+    return stats
+
+
+def leading_sites(state: PolicyState, n_sites: int) -> PolicyState:
+    """The first `n_sites` sites of `state`, as views of its arrays, with its step count."""
+    return PolicyState(*(getattr(state, name)[..., :n_sites] for name in LEARNT),
+                       step=state.step)
+
+
 def update(
     params: PolicyParams,
     state: PolicyState,

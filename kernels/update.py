@@ -27,8 +27,9 @@ Identical to `gpupace.policy.update` (the NumPy reference), for the ranks update
   two valid ranks;
 - the host engine's rules around the policy: when the ranks' site counts disagree (or are 0)
   nothing is learnt and every delay is 0; with another site count the first sites keep their
-  state and the step count, sites past the old count start afresh (`policy.resize_state`), and
-  sites past the new count forget their mean arrival and last exit.
+  state and the step count, sites past the widest count yet start afresh
+  (`policy.resize_state`), sites past a smaller count keep what they learnt until they come
+  back (`policy.update_leading`), and forget their mean arrival and last exit.
 Deliberate differences:
 - float32 throughout (NumPy uses float64): floors and delays agree to float32 rounding, and a
   spread within rounding of a threshold may flip a hysteresis count;
@@ -63,7 +64,7 @@ OUTLIER_Z = 4.0  # gpupace.policy.OUTLIER_Z
 REC_OK, REC_STEP_TIME, REC_SPREAD, REC_RESIDUAL, REC_TRANSFER, REC_STRAGGLER = range(6)
 REC_ACTIVE, REC_SITE, REC_CAP, REC_N_SITES = range(6, 10)
 REC_HEAD = 10
-COUNTER_LEN = 3  # steps done, policy updates (state.step), site count the state was built for
+COUNTER_LEN = 3  # steps done, policy updates (state.step), the widest site count yet
 CALM_MAX = 1 << 30  # where the int32 calm counter stops
 
 
@@ -262,7 +263,9 @@ def _update_kernel(
     tl.store(cnt, total + 1)
     if agree:
         tl.store(cnt + 1, pstep.to(tl.int64))
-        tl.store(cnt + 2, n_sites.to(tl.int64))
+        # The widest count yet: a step with fewer sites leaves the others' state as it was
+        # (stored for the first n alone), to take up again when they come back.
+        tl.store(cnt + 2, tl.maximum(n_state, n_sites.to(tl.int64)))
         # Sites past the count forget their mean arrival and last exit (the deadline's), so
         # that one coming back is not taken for a rank that arrived steps late (host rule).
         gone = (sm >= n_sites) & in_m & ((sm * 0 + (n_state != n_sites).to(tl.int32)) != 0)

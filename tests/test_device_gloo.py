@@ -208,14 +208,21 @@ def _state_carried_over(rank: int, world: int):
 
     first = engine()
     learnt = run(first, 12)
-    saved = checkpoint.gather(first.policy_state(), world_size=world, max_sites=2, group=None,
+    saved = checkpoint.gather(first.policy_state(), world_size=world, group=None,
                               device=torch.device("cpu"))
     own = first.policy_state()
     loaded, fresh, host = engine(), engine(), HostEngine(cfg, None, rank, world)
     for eng in (loaded, host, first):  # `first`: a load into a running engine
         eng.load_policy_state(checkpoint.unpack(saved, world_size=world, max_sites=2))
+    planned = first.state["delay"][0].tolist()  # what its next step would apply
+    # A host's int64 counter past the device's int32: held at CALM_MAX, not wrapped
+    counted = checkpoint.unpack(saved, world_size=world, max_sites=2)
+    counted["calm"] += 3_000_000_000
+    clipped = engine()
+    clipped.load_policy_state(counted)
     return (learnt, saved, own, loaded.policy_state(), host.policy_state(),
-            first.state["counter"][0].tolist(), run(loaded, 3), run(fresh, 3), run(first, 2))
+            first.state["counter"][0].tolist(), run(loaded, 3), run(fresh, 3), run(first, 2),
+            planned, int(clipped.state["calm"][0, 0]))
 
 
 def test_a_saved_device_state_is_taken_over_by_a_new_engine_of_either_backend():
@@ -229,7 +236,10 @@ def test_a_saved_device_state_is_taken_over_by_a_new_engine_of_either_backend():
         assert torch.equal(saved[name], results[1][1][name]), name  # the same on both ranks
     assert saved["world_size"] == 2 and saved["sites"] == 1
     assert saved["calm"][0, 0] >= 6 and saved["floor"][0, 0] > 100.0  # rank 0 held off, then paced
-    for rank, (learnt, _, own, loaded, host, counter, after, fresh, again) in enumerate(results):
+    for rank, (learnt, _, own, loaded, host, counter, after, fresh, again, planned,
+               clipped) in enumerate(results):
+        assert planned == [0.0, 0.0]  # a load plans no delay
+        assert clipped == 1 << 30  # kernels.update.CALM_MAX
         for name, value in own.items():
             np.testing.assert_array_equal(value, saved[name][rank] if saved[name].ndim == 2
                                           else saved[name].numpy(), err_msg=name)

@@ -225,20 +225,25 @@ def test_no_sites_is_a_disagreement(k):
 def test_another_site_count_keeps_the_first_sites(k, alone):
     """As the host engine: a step with one more paced collective (a logged loss) keeps what the
     first sites learnt and the step count (`policy.resize_state`); the new site starts afresh;
-    back to the old count, so does the site that went."""
+    back to the old count, the site that went keeps what it learnt (`policy.update_leading`),
+    and takes it up again when it comes back (it started afresh, and a DDP model's first step
+    of one bucket left a state loaded from a checkpoint with its first site's alone)."""
     params = paced()
     dev = DeviceSide(k, 3, 3, rank=1, alone=alone)
     state = policy.init_state(3, 2)
     for n_sites, steps in ((2, 3), (3, 2), (2, 2), (3, 1)):
-        if state.shape[1] != n_sites:
+        if n_sites > state.shape[1]:
             state = policy.resize_state(state, n_sites)
         for _ in range(steps):
             w, d, st_us = skewed(3, n_sites)
             w[1] += 40.0 * n_sites  # the site count shows in what rank 1 learns
             dev.step(make_rows(w, d, st_us, 3), n_sites, params)
-            state, _ = policy.update(params, state, w, d, st_us)
-        compare(dev, state, n_sites)
+            policy.update_leading(params, state, w, d, st_us)
+        compare(dev, policy.leading_sites(state, n_sites), n_sites)
     assert state.step == 8 and (dev.state["counter"][:, 1] == 8).all()
+    assert (dev.state["calm"][:, 2] == state.calm[dev.rank:dev.rank + dev.state["calm"].shape[0],
+                                                  2]).all()
+    assert state.calm[0, 2] == 3  # site 2: two steps, two without it, one more: calm 3
 
 
 def test_sites_that_went_forget_their_deadline(k):

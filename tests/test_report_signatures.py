@@ -98,6 +98,11 @@ def test_fabric_contention_is_found_in_a_file_of_one_step_in_four():
     kept = np.arange(0, n, 4)
     run = _run(e[kept], step_us[kept], transfer[kept], steps=kept)
     assert run.record_gap == 4 and any("one record in 4 steps" in note for note in run.notes)
+    # the header's telemetry_every, where the writer gave it: a file that lost every other
+    # record of one step in 1 is no file of one step in 2
+    run.header["telemetry_every"] = 1
+    assert run.record_gap == 1
+    run.header["telemetry_every"] = 4
     fab = _mode(diagnose(run), "fabric_contention")
     assert fab.evidence["transfer_lag1_autocorrelation"] > 0.6
     assert fab.verdict != "not enough evidence" and fab.share > 0.5

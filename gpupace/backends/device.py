@@ -120,7 +120,8 @@ class DeviceEngine:
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._cuda = dev.type == "cuda"
-        blocking = blocking_wait_note() if self._cuda and world_size > 1 else None
+        paces = self._cuda and world_size > 1 and config.mode != "off"
+        blocking = blocking_wait_note() if paces else None
         if blocking:
             warn(blocking)
         self._pace_stream = torch.cuda.Stream(dev) if self._cuda else None
@@ -471,7 +472,9 @@ class DeviceEngine:
         """Takes over a saved state (`checkpoint.unpack`: [N, S] and [S] fields, S at most
         max_sites; None: none), in place (a captured step's graph reads the same buffers), with
         the policy's step count at 0, so that the warm-up runs again, and no delay planned.
-        Synchronises."""
+        Synchronises, before (a replay may still run on another stream) and after."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
         state = self.state
         for name in ("floor", "calm", "mean", "var", "delay", "active", "above", "below"):
             state[name][0].fill_(-1.0 if name == "var" else 0)

@@ -67,8 +67,12 @@ class Run:
 
     @property
     def record_gap(self) -> int:
-        """Steps from one record to the next, as the file usually has them: 1, or k where the
-        writer kept one step in k (`telemetry_every`, from 128 ranks on)."""
+        """Steps from one record to the next: 1, or k where the writer kept one step in k
+        (`telemetry_every`, from 128 ranks on): the header's, else the usual gap in the file
+        (a file that lost records would read as written one step in 2)."""
+        every = self.header.get("telemetry_every")
+        if isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+            return every
         gaps = np.diff(self.step)
         gaps = gaps[gaps > 0]
         return max(1, int(np.median(gaps))) if gaps.size else 1
