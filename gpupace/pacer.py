@@ -386,7 +386,8 @@ class Pacer(Joinable):
         are not saved, and the warm-up runs again (its steps measure, as at any start), then
         pacing goes on from the saved floors and counters. Saved on other nodes or GPUs, a
         rank's floor may no longer fit it: the floor falls at its first late step. A
-        ValueError for a state of another world size or one no pacer saved."""
+        ValueError for a state of another world size, of another data-parallel group, or one
+        no pacer saved."""
         self._check_between_steps("load_state_dict")
         self._engine.load_policy_state(checkpoint.unpack(
             state, world_size=self.world_size, max_sites=self.config.max_sites,
