@@ -407,8 +407,9 @@ class Pacer(Joinable):
 
     @property
     def next_delays_us(self):
-        """This rank's delays for the next step, one per site (a copy); none for a copied
-        pacer, which paces nothing."""
+        """This rank's delays for the next step, one per site the policy holds (a copy; 0 at
+        sites past the last step's count, which keep their state until they come back); none
+        for a copied pacer, which paces nothing."""
         return self._engine.next_delays() if self._engine is not None else np.zeros(0)
 
     def attach(self, ddp_model) -> None:

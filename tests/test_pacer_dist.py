@@ -440,7 +440,8 @@ def _widths(rank, world):
         rec = pacer.step()
         state = pacer._engine.state
         seen.append((len(rec.site_spread_us) if rec else None,
-                     pacer._engine._gathered.numel() // world, state.step, state.shape[1]))
+                     pacer._engine._gathered.numel() // world, state.step, state.shape[1],
+                     int((pacer._engine._last_exit_ns > 0).sum())))
     return seen
 
 
@@ -450,9 +451,12 @@ def test_rows_carry_the_sites_seen_not_max_sites():
         # sites on the first step, then the most seen. A step without sites changes nothing
         # (the policy goes on); the first with 5 times 3 of them, and the policy goes on with
         # its 3 sites; from the next on 5, then 2: the policy goes on (its step count too),
-        # the first sites keeping what they learnt.
-        assert seen == [(3, 8, 1, 3), (3, 8, 2, 3), (None, 8, 2, 3), (3, 8, 3, 3),
-                        (3, 12, 4, 3), (5, 12, 5, 5), (2, 12, 6, 2), (2, 12, 7, 2)], seen
+        # holding its 5 sites: the first 2 learn, the others keep what they learnt, and forget
+        # their last exit (the deadline's: timed from it, their first arrival back would be
+        # steps late). Last: the sites with a last exit.
+        assert seen == [(3, 8, 1, 3, 3), (3, 8, 2, 3, 3), (None, 8, 2, 3, 3), (3, 8, 3, 3, 3),
+                        (3, 12, 4, 3, 5), (5, 12, 5, 5, 5), (2, 12, 6, 5, 2),
+                        (2, 12, 7, 5, 2)], seen
 
 
 def test_world_size_one_has_nothing_to_pace():

@@ -646,6 +646,48 @@ def test_another_site_count_keeps_what_the_first_sites_learnt():
     assert shrunk.step == 61 and stats.delay[3].sum() > 0  # pacing goes on, no warm-up
 
 
+@pytest.mark.parametrize("fused", [False, True, "from the 6th step"])
+def test_a_step_of_fewer_sites_updates_those_and_keeps_the_others(fused, monkeypatch):
+    """`update_leading`, as the host engine calls it for a step with fewer sites than the state
+    holds (a DDP model's first step has one bucket): the first sites update as a state of that
+    many would, the others keep every learnt value, the step count goes on; on both of the
+    policy's paths, and with its cached view of the first sites across full-width steps (and
+    across the switch from one path to the other, as `prepare_fused` makes it)."""
+    import gpupace.policy as pol
+
+    if fused:
+        pol.prepare_fused()
+    monkeypatch.setattr(pol, "_fused_ready", fused is True)  # the reference path: small states
+    params = PolicyParams.from_config(PaceConfig(warmup_steps=0, on_steps=1,
+                                                 holdoff_factor=0.0), 4)
+    state = init_state(4, 3)
+    rng = np.random.default_rng(2)
+
+    def rows(sites):
+        w = rng.uniform(0.0, 100.0, (4, sites))
+        w[3] += 5000.0  # rank 3 early at every site
+        return w, np.zeros((4, sites)), np.full(4, 1e5)
+
+    for k, n in enumerate((3, 3, 3, 3, 1, 1, 3, 1, 1, 2, 3)):
+        if fused == "from the 6th step" and k == 5:
+            monkeypatch.setattr(pol, "_fused_ready", True)
+        w, d, st_us = rows(n)
+        before = state.copy()
+        head = pol.PolicyState(*(getattr(before, k)[..., :n].copy() for k in pol.LEARNT),
+                               step=before.step)
+        want, _ = update_reference(params, head, w, d, st_us)
+        pol.update_leading(params, state, w, d, st_us)
+        assert state.step == before.step + 1 and state.shape == (4, 3)
+        for k in ("floor", "calm", "mean", "var", "active", "above", "below", "delay"):
+            np.testing.assert_allclose(getattr(state, k)[..., :n], getattr(want, k),
+                                       rtol=1e-12, err_msg=f"{k} at {n} sites")
+            if k != "delay":  # past the step's sites: untouched
+                np.testing.assert_array_equal(getattr(state, k)[..., n:],
+                                              getattr(before, k)[..., n:], err_msg=k)
+    # Site 2 went on learning through the dips: six steps calm (one, had it started afresh)
+    assert state.floor[3, 2] > 1000.0 and state.calm[3, 2] == 6
+
+
 def test_safety_z_is_the_normal_quantile_of_the_risk_shared_by_the_ranks():
     from gpupace.policy import safety_z
 

@@ -79,7 +79,6 @@ class HostEngine:
         self._next_delay = np.zeros(self.max_sites)
         self._usual = np.full(self.max_sites, np.nan)  # mean arrival per site since its last exit
         self._last_exit_ns = np.zeros(self.max_sites, dtype=np.int64)  # 0: none yet
-        self._n_last = 0  # the sites of the last step that updated the policy
         self._new_step()
         self._prev_exit0: int | None = None
         self._warned_disagree = False
@@ -201,10 +200,9 @@ class HostEngine:
             self.state = policy.init_state(self.world_size, n)
         elif n > self.state.shape[1]:  # more sites than ever: the first keep their state
             self.state = policy.resize_state(self.state, n)
-        if n != self._n_last:  # sites past the count forget their deadline's arrival and exit
-            self._usual[n:] = np.nan
+        if n != self.state.shape[1]:  # sites past the count forget their deadline's arrival
+            self._usual[n:] = np.nan  # and exit (the kernel's rule: against the widest count)
             self._last_exit_ns[n:] = 0
-        self._n_last = n
         w, d, steps = rows[:, 2:2 + n], rows[:, 2 + width:2 + width + n], rows[:, 1]
         # Fewer sites than the state holds: the others keep what they learnt until they come
         # back (a DDP model's first step has one bucket).
