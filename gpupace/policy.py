@@ -193,14 +193,12 @@ def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
         lead = leading_sites(state, n)
         state.leading = (n, arrays, lead)
     stats = update_in_place(params, lead, wait, delay, step_us, rank=rank)
-    for name in LEARNT:
-        # The fused path updates the views in place (a copy onto themselves would cost a pass
-        # over every rank's state); the delays, and the reference path's arrays, are new.
-        src, dst = getattr(lead, name), getattr(state, name)[..., :n]
-        if not np.may_share_memory(src, dst):
-            dst[...] = src
-    if not np.may_share_memory(lead.floor, state.floor):
-        state.leading = None  # the reference path gave the view new arrays: no view now
+    if np.may_share_memory(lead.floor, state.floor):  # the fused path: the views in place
+        state.delay[:, :n] = lead.delay  # its output buffer
+    else:  # the reference path: new arrays, and the view is one no more
+        for name in LEARNT:
+            getattr(state, name)[..., :n] = getattr(lead, name)
+        state.leading = None
     state.step = lead.step
     return stats
 
