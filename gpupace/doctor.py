@@ -124,16 +124,19 @@ def format_text(info: dict[str, Any]) -> str:
         lines.append(f"  backend {name:<7} {status}{note}")
     lines.append("")
     gpus = ", ".join(info["gpus"]) or "none"
+    # The device backend's settings, said to be moot where it cannot run
+    device = info["backends"].get("device", {})
+    moot = "" if device.get("supported") else "; moot here: no device backend"
     rows = [("gpupace", info["gpupace"]), ("python", info["python"]), ("torch", info["torch"]),
             ("CUDA (torch build)", info["torch_cuda"] or "none (CPU build)"),
             ("CUDA available", "yes" if info["cuda_available"] else "no"), ("GPUs", gpus),
             ("NCCL", info["nccl"] or "n/a"),
             ("triton", info["triton"] or f"missing ({info['triton_error']})"),
             ("cupy", info["cupy"] or f"missing ({info['cupy_error']})"),
-            ("device launches", "direct, after each kernel's first call" if info["direct_launch"]
-             else "through Triton's JIT (GPUPACE_DIRECT_LAUNCH=0)"),
-            ("eager tail graph", "on (GPUPACE_TAIL_GRAPH=1)" if info["tail_graph"]
-             else "off (GPUPACE_TAIL_GRAPH=1 turns it on)")]
+            ("device launches", ("direct, after each kernel's first call" if info["direct_launch"]
+                                 else "through Triton's JIT (GPUPACE_DIRECT_LAUNCH=0)") + moot),
+            ("eager tail graph", ("on (GPUPACE_TAIL_GRAPH=1)" if info["tail_graph"]
+                                  else "off (GPUPACE_TAIL_GRAPH=1 turns it on)") + moot)]
     tick = info.get("timer_tick_ns")
     if tick is not None:
         rows.append(("GPU timer tick", f"{tick:.0f} ns (measured)"))

@@ -408,6 +408,8 @@ def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
     for name in files:
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert "Step-time CDF" in page
+    # fractions of steps in %, as their change column's points
+    assert "pacing armed (% of steps)" in page and "(fraction" not in page
 
 
 def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):

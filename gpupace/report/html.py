@@ -36,8 +36,9 @@ SUMMARY_ROWS = (  # key, label, scale, format
     ("spread_mean", "arrival spread mean (ms)", 1e-3, "{:.2f}"),
     ("spread_p99", "arrival spread p99 (ms)", 1e-3, "{:.2f}"),
     ("entry_spread_mean", "entry spread mean, after delays (ms)", 1e-3, "{:.2f}"),
-    ("active_fraction", "pacing armed (fraction of steps)", 1, "{:.2f}"),
-    ("delayed_fraction", "steps with a delay (fraction)", 1, "{:.2f}"),
+    # In % of the steps, as their change column's points (0.00 -> 1.00 read "+100.0 pts")
+    ("active_fraction", "pacing armed (% of steps)", 100, "{:.0f}"),
+    ("delayed_fraction", "steps with a delay (%)", 100, "{:.0f}"),
     ("delay_mean", "delay per rank per step (ms)", 1e-3, "{:.3f}"),
     ("lost_fraction", "time lost (share of the measured time)", 100, "{:.1f}%"),
     ("unattributed_share", "of which unattributed", 100, "{:.0f}%"),
