@@ -179,10 +179,13 @@ def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
     """`update_in_place` for a step of n sites (the columns of `wait`), at most the state's: its
     first n sites learn, the others keep what they learnt until they come back. A DDP model's
     first step has one bucket: a state loaded from a checkpoint, or learnt, kept its first
-    site's alone. (Grow a state for more sites with `resize_state`.)"""
+    site's alone. (Grow a state for more sites with `resize_state`.) As `update_in_place`'s,
+    the returned arrays are buffers the next such update overwrites."""
     n = np.shape(wait)[1] if np.ndim(wait) == 2 else state.shape[1]
     if n >= state.shape[1]:
         return update_in_place(params, state, wait, delay, step_us, rank=rank)
+    if np.may_share_memory(delay, state.delay):  # the last delays given back as applied ones
+        delay = np.array(delay)  # the copy-back below would change them under the stats
     arrays = tuple(getattr(state, name) for name in _VIEWED)
     kept = state.leading
     if kept is not None and kept[0] == n and all(a is b for a, b in zip(kept[1], arrays,
@@ -190,9 +193,16 @@ def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
         lead = kept[2]
         lead.step = state.step
     else:
+        # The fused kernel's layout first (Fortran order, int64 counters), so that the views
+        # are what it updates in place: it converts an array of another layout to a copy.
+        for name in ("floor", "calm", "mean", "var"):
+            setattr(state, name, np.asfortranarray(getattr(state, name)))
+        state.calm = state.calm.astype(np.int64, copy=False)
         lead = leading_sites(state, n)
-        state.leading = (n, arrays, lead)
+        state.leading = (n, tuple(getattr(state, name) for name in _VIEWED), lead)
     stats = update_in_place(params, lead, wait, delay, step_us, rank=rank)
+    if state.plan is not None and state.plan.rank != rank:
+        state.plan = None  # its delay buffer holds one rank's rows alone; the copy below may not
     if np.may_share_memory(lead.floor, state.floor):  # the fused path: the views in place
         state.delay[:, :n] = lead.delay  # its output buffer
     else:  # the reference path: new arrays, and the view is one no more

@@ -688,6 +688,51 @@ def test_a_step_of_fewer_sites_updates_those_and_keeps_the_others(fused, monkeyp
     assert state.floor[3, 2] > 1000.0 and state.calm[3, 2] == 6
 
 
+@pytest.mark.parametrize("case", ["mean C-ordered", "calm int32", "rank changes",
+                                  "delays given back"])
+def test_a_step_of_fewer_sites_on_a_state_of_any_layout_or_rank(case):
+    """Four ways a review made `update_leading` wrong (states built by hand, or ranks changed
+    between calls; the host engine meets none of them): the fused kernel converts an array of
+    another layout to a private copy, whose update was lost; another rank's delays written into
+    the full plan's buffer, which one rank's kernel never clears; the last delays given back as
+    the applied ones changed under the stats by the copy-back."""
+    import gpupace.policy as pol
+
+    pol.prepare_fused()
+    params = PolicyParams.from_config(PaceConfig(warmup_steps=0, on_steps=1,
+                                                 holdoff_factor=0.0), 4)
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        w = rng.uniform(0.0, 100.0, (4, n))
+        w[3] += 5000.0
+        return w, np.zeros((4, n)), np.full(4, 1e5)
+
+    full_rank, lead_rank = (1, None) if case == "rank changes" else (None, None)
+    state = init_state(4, 3)
+    for _ in range(3):
+        update_in_place(params, state, *rows(3), rank=full_rank)
+    if case == "mean C-ordered":
+        state.mean = np.ascontiguousarray(state.mean)
+    elif case == "calm int32":
+        state.calm = state.calm.astype(np.int32)
+    w, d, st_us = rows(2)
+    if case == "delays given back":
+        d = state.delay[:, :2]  # a view: what was applied is what was planned
+    applied = np.array(d)
+    head = pol.PolicyState(*(np.array(getattr(state, k)[..., :2]) for k in pol.LEARNT),
+                           step=state.step)
+    want, want_stats = update_reference(params, head, w, applied, st_us, rank=lead_rank)
+    stats = pol.update_leading(params, state, w, d, st_us, rank=lead_rank)
+    for k in ("floor", "calm", "mean", "var", "active", "above", "below", "delay"):
+        np.testing.assert_allclose(getattr(state, k)[..., :2], getattr(want, k), err_msg=k)
+    np.testing.assert_allclose(stats.earliness(), want_stats.earliness())
+    if case == "rank changes":  # back to rank 1 at full width: the others' delays are 0
+        w, d, st_us = rows(3)
+        update_in_place(params, state, w, d, st_us, rank=1)
+        assert (state.delay[[0, 2, 3]] == 0).all(), state.delay
+
+
 def test_safety_z_is_the_normal_quantile_of_the_risk_shared_by_the_ranks():
     from gpupace.policy import safety_z
 
