@@ -48,7 +48,12 @@ def _all_rows(row: np.ndarray, world_size: int, group: Any, device: torch.device
     from .backends import gather_rows
 
     out = torch.empty(world_size * mine.numel(), dtype=torch.float64, device=device)
-    gather_rows(out, mine.to(device), group)
+    try:
+        gather_rows(out, mine.to(device), group)
+    except RuntimeError as e:  # a timeout, most often: the others never came
+        raise RuntimeError("gpupace: Pacer.state_dict() is a collective and the ranks did not "
+                           "all take part: call it on every rank, never inside `if rank == 0` "
+                           f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
     return out.cpu().reshape(world_size, -1)
 
 

@@ -425,6 +425,13 @@ class Pacer(Joinable):
             raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "
                             f"got {type(ddp_model).__name__}: wrap it first, "
                             f"DistributedDataParallel(model)")
+        if getattr(ddp_model, "_use_python_reducer", False):
+            raise ValueError(
+                "this DDP model reduces its gradients in Python, a parameter at a time "
+                "(torch._dynamo.config.optimize_ddp = 'python_reducer', set when it was "
+                "built): its comm hooks get (grad, param) pairs, not buckets, which gpupace "
+                "cannot pace (nor torch's own allreduce_hook). Build it under the default "
+                "optimize_ddp: torch.compile(ddp_model) is paced there, bucket by bucket")
         theirs = getattr(ddp_model, "process_group", None)
         if theirs is not None:
             ours = self.group if self.group is not None else dist.group.WORLD

@@ -129,6 +129,27 @@ def test_a_restarted_ddp_job_paces_every_bucket_after_its_first_step_of_one(tmp_
             assert all(max(d, default=0.0) == 0.0 for _, d in resumed)  # the late rank
 
 
+def _rank0_alone(rank: int, world: int):
+    """state_dict() inside `if rank == 0`, the others going on without it."""
+    pacer = Pacer(CONFIG)
+    if rank != 0:
+        time.sleep(1.0)  # and leaves: its process group goes with it
+        return None
+    try:
+        pacer.state_dict()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_state_dict_on_one_rank_alone_fails_saying_it_is_a_collective():
+    """Called inside `if rank == 0`, the all_gather waits for ranks that never come: it fails
+    with the process group's error, now saying what went wrong."""
+    said, _ = run_ranks(_rank0_alone, 2, collective_timeout_s=10, timeout_s=60)
+    assert said is not None and "state_dict() is a collective" in said, said
+    assert "never inside `if rank == 0`" in said
+
+
 def _saved(world: int = 2, sites: int = 1) -> dict:
     floor = torch.full((world, sites), 300.0)
     return {"format": checkpoint.FORMAT, "world_size": world, "sites": sites, "floor": floor,

@@ -233,6 +233,26 @@ def _ddp_on_a_subgroup(rank, world):
     return refused, torch.allclose(model.weight.grad, mean), pacer.world_size, twice
 
 
+def _python_reducer(rank, world):
+    import torch._dynamo
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch._dynamo.config.optimize_ddp = "python_reducer"  # read when DDP is built
+    ddp = DistributedDataParallel(torch.nn.Linear(4, 4))
+    try:
+        Pacer(PaceConfig(mode="pace")).attach(ddp)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_attach_refuses_a_ddp_model_that_reduces_in_python():
+    """Under optimize_ddp = 'python_reducer' DDP calls comm hooks with (grad, param) pairs: the
+    pacing hook failed in the middle of backward() ('tuple' object has no attribute 'buffer')."""
+    for said in run_ranks(_python_reducer, 2):
+        assert said is not None and "python_reducer" in said and "(grad, param)" in said, said
+
+
 def test_attach_refuses_a_pacer_on_another_group_than_the_ddp_model():
     """A DDP model on a data-parallel subgroup: the hook would average its gradients over the
     pacer's group (the world), with other shards'. Refused, naming both; on the model's group
