@@ -26,15 +26,16 @@ import torch
 FORMAT = "gpupace.pacer_state/1"
 PER_RANK = ("floor", "calm", "mean", "var")  # [N, S]: each rank's own
 PER_SITE = ("active", "above", "below")  # [S]: the same on every rank
-_INTS = {"calm", "above", "below"}
+FIELDS = PER_RANK + PER_SITE
+COUNTERS = ("calm", "above", "below")  # integers
 
 
 def _row(state: dict[str, np.ndarray] | None, width: int) -> np.ndarray:
     """One rank's state as float64 [7 * width]: each field padded to `width` sites (counters
     below 2^53 travel exactly)."""
-    row = np.zeros(len(PER_RANK + PER_SITE) * width)
+    row = np.zeros(len(FIELDS) * width)
     n = 0 if state is None else len(state["floor"])
-    for i, name in enumerate(PER_RANK + PER_SITE):
+    for i, name in enumerate(FIELDS):
         if n:
             row[i * width:i * width + n] = state[name]
     return row
@@ -72,10 +73,10 @@ def gather(state: dict[str, np.ndarray] | None, *, world_size: int, group: Any,
     rows = _all_rows(_row(state, n), world_size, group, device)
     saved: dict[str, Any] = {"format": FORMAT, "world_size": world_size, "sites": n,
                              "group_ranks": list(group_ranks) if group_ranks else None}
-    for i, name in enumerate(PER_RANK + PER_SITE):
+    for i, name in enumerate(FIELDS):
         block = rows[:, i * n:(i + 1) * n]
         value = block if name in PER_RANK else block[0]
-        saved[name] = (value.to(torch.int64) if name in _INTS
+        saved[name] = (value.to(torch.int64) if name in COUNTERS
                        else value.bool() if name == "active" else value.clone())
     return saved
 
@@ -110,7 +111,7 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
     if n == 0:
         return None
     out: dict[str, np.ndarray] = {}
-    for name in PER_RANK + PER_SITE:
+    for name in FIELDS:
         value = saved.get(name)
         shape = (world_size, n) if name in PER_RANK else (n,)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:

@@ -155,6 +155,18 @@ def init_state(n_ranks: int, n_sites: int) -> PolicyState:
     )
 
 
+LEARNT = ("floor", "calm", "mean", "var", "delay", "active", "above", "below")
+_VIEWED = tuple(name for name in LEARNT if name != "delay")  # an update replaces `delay`
+
+
+def to_fused_layout(state: PolicyState) -> None:
+    """Gives `state` the fused kernel's layout in place: Fortran-ordered [N, S] arrays (read
+    as [S, N] without a copy) and int64 calm counters. Arrays already so are kept as they are."""
+    for name in ("floor", "calm", "mean", "var"):
+        setattr(state, name, np.asfortranarray(getattr(state, name)))
+    state.calm = state.calm.astype(np.int64, copy=False)
+
+
 def resize_state(state: PolicyState, n_sites: int) -> PolicyState:
     """`state` for another number of sites: the first sites keep what they learnt (and the
     step count, so that no warm-up restarts), sites past the old ones start afresh. A step with
@@ -163,14 +175,10 @@ def resize_state(state: PolicyState, n_sites: int) -> PolicyState:
     n_ranks, old = state.shape
     new = init_state(n_ranks, n_sites)
     keep = min(old, n_sites)
-    for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+    for name in _VIEWED:
         getattr(new, name)[..., :keep] = getattr(state, name)[..., :keep]
     new.step = state.step
     return new
-
-
-LEARNT = ("floor", "calm", "mean", "var", "delay", "active", "above", "below")
-_VIEWED = ("floor", "calm", "mean", "var", "active", "above", "below")  # delay: replaced
 
 
 def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
@@ -193,11 +201,9 @@ def update_leading(params: PolicyParams, state: PolicyState, wait: np.ndarray,
         lead = kept[2]
         lead.step = state.step
     else:
-        # The fused kernel's layout first (Fortran order, int64 counters), so that the views
-        # are what it updates in place: it converts an array of another layout to a copy.
-        for name in ("floor", "calm", "mean", "var"):
-            setattr(state, name, np.asfortranarray(getattr(state, name)))
-        state.calm = state.calm.astype(np.int64, copy=False)
+        # The fused kernel's layout first, so that the views are what it updates in place: it
+        # converts an array of another layout to a copy.
+        to_fused_layout(state)
         lead = leading_sites(state, n)
         state.leading = (n, tuple(getattr(state, name) for name in _VIEWED), lead)
     stats = update_in_place(params, lead, wait, delay, step_us, rank=rank)
@@ -365,9 +371,7 @@ class _Plan:
             raise ValueError(f"a policy state of {n} ranks x {s} sites (its floor) needs calm, "
                              f"mean and var of {(n, s)} and active, above and below of {(s,)}; "
                              f"got {sizes}")
-        for name in ("floor", "calm", "mean", "var"):
-            setattr(state, name, np.asfortranarray(getattr(state, name)))
-        state.calm = state.calm.astype(np.int64, copy=False)
+        to_fused_layout(state)
         delay = np.zeros((s, n))
         per_site, valid = np.empty((4, s)), np.empty(n, dtype=bool)
         straggler = np.empty(s, dtype=np.int64)

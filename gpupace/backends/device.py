@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import policy
+from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
 from ..warn import warn
@@ -465,8 +465,8 @@ class DeviceEngine:
         if n <= 0:
             return None
         return {name: self.state[name][0, :n].cpu().numpy().astype(
-                    np.int64 if name in ("calm", "above", "below") else np.float64)
-                for name in ("floor", "calm", "mean", "var", "active", "above", "below")}
+                    np.int64 if name in checkpoint.COUNTERS else np.float64)
+                for name in checkpoint.FIELDS}
 
     def load_policy_state(self, saved: dict[str, np.ndarray] | None) -> None:
         """Takes over a saved state (`checkpoint.unpack`: [N, S] and [S] fields, S at most
@@ -476,14 +476,14 @@ class DeviceEngine:
         if self._cuda:
             torch.cuda.synchronize(self.device)
         state = self.state
-        for name in ("floor", "calm", "mean", "var", "delay", "active", "above", "below"):
+        for name in ("delay", *checkpoint.FIELDS):
             state[name][0].fill_(-1.0 if name == "var" else 0)
         n = 0
         if saved is not None:
             n = saved["floor"].shape[1]
-            for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
-                value = saved[name][self.rank] if saved[name].ndim == 2 else saved[name]
-                if name in ("calm", "above", "below"):  # int32 here; a host's are int64
+            for name in checkpoint.FIELDS:
+                value = saved[name][self.rank] if name in checkpoint.PER_RANK else saved[name]
+                if name in checkpoint.COUNTERS:  # int32 here; a host's are int64
                     value = np.minimum(value, self._k_update.CALM_MAX)
                 state[name][0, :n].copy_(torch.from_numpy(np.asarray(value, dtype=np.float64)))
         state["counter"][0, 1:].copy_(torch.tensor([0, n]))

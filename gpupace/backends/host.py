@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import policy
+from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record, prepare_record
 from ..warn import warn
@@ -234,8 +234,8 @@ class HostEngine:
         if self.state is None:
             return None
         s, r = self.state, self.rank
-        return {"floor": s.floor[r], "calm": s.calm[r], "mean": s.mean[r], "var": s.var[r],
-                "active": s.active, "above": s.above, "below": s.below}
+        return {name: getattr(s, name)[r] if name in checkpoint.PER_RANK else getattr(s, name)
+                for name in checkpoint.FIELDS}
 
     def load_policy_state(self, saved: dict[str, np.ndarray] | None) -> None:
         """Takes over a saved state (`checkpoint.unpack`: [N, S] and [S] fields; None: none),
@@ -245,7 +245,7 @@ class HostEngine:
         if saved is None:
             return
         state = policy.init_state(self.world_size, saved["floor"].shape[1])
-        for name in ("floor", "calm", "mean", "var", "active", "above", "below"):
+        for name in checkpoint.FIELDS:
             getattr(state, name)[...] = saved[name]
         self.state = state
 
