@@ -4,10 +4,12 @@ A job restarted from a checkpoint would otherwise learn everything again: at 409
 persistently late rank's peers are paced only after the holdoff, 5 steps a rank (20,480
 steps), and restarts at that scale come every few hours. The state kept is the policy's
 learning: per rank and site the earliness floor, the holdoff's calm counter and the running
-mean and variance of earliness; per site the on/off switch and its hysteresis counters. Not
-kept: the next delays (the first step after a load applies none), the step count (the
-warm-up runs again: its steps measure, as at any start, before the floors move or anything
-is paced) and the timing of the sites (clock readings of the old processes).
+mean and variance of earliness; per site the on/off switch and its hysteresis counters; and
+the pacer's step count, so that a resumed job's telemetry and TensorBoard steps go on from
+it. Not kept: the next delays (the first step after a load applies none), the policy's own
+step count (its warm-up runs again: its steps measure, as at any start, before the floors
+move or anything is paced) and the timing of the sites (clock readings of the old
+processes).
 
 Each rank holds its own rank's state (an update computes that one alone), so `gather` is a
 collective: an all_gather of the site counts, then one of the rows. A data-parallel
@@ -58,10 +60,11 @@ def _all_rows(row: np.ndarray, world_size: int, group: Any, device: torch.device
     return out.cpu().reshape(world_size, -1)
 
 
-def gather(state: dict[str, np.ndarray] | None, *, world_size: int, group: Any,
+def gather(state: dict[str, np.ndarray] | None, *, steps: int, world_size: int, group: Any,
            device: torch.device, group_ranks: list[int] | None = None) -> dict[str, Any]:
     """Every rank's `state` (this rank's, from its engine: the fields of PER_RANK and PER_SITE,
-    [S] each; None before its first update) in one dict, the same on every rank: two
+    [S] each; None before its first update) in one dict, the same on every rank but for
+    `steps`, this rank's step count (the same on every rank of a job that steps together): two
     all_gathers, the site counts and then rows of that many sites (none at world size 1).
     `group_ranks`: the global ranks of a data-parallel subgroup, which a load must match."""
     n_mine = 0 if state is None else len(state["floor"])
@@ -72,6 +75,7 @@ def gather(state: dict[str, np.ndarray] | None, *, world_size: int, group: Any,
                            f"({counts.tolist()}): they have not paced the same collectives")
     rows = _all_rows(_row(state, n), world_size, group, device)
     saved: dict[str, Any] = {"format": FORMAT, "world_size": world_size, "sites": n,
+                             "steps": int(steps),
                              "group_ranks": list(group_ranks) if group_ranks else None}
     for i, name in enumerate(FIELDS):
         block = rows[:, i * n:(i + 1) * n]
@@ -126,3 +130,14 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
     if (out["var"] < -1).any():
         raise ValueError("pacer state: 'var' holds values below -1 (-1 means no sample yet)")
     return out
+
+
+def steps_of(saved: dict[str, Any]) -> int | None:
+    """The step count in `saved` (a dict `unpack` has taken), None in a state saved before
+    states held one; a ValueError for one that is no step count."""
+    steps = saved.get("steps")
+    if steps is None:
+        return None
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        raise ValueError(f"pacer state: 'steps' must be an integer >= 0, got {steps!r:.40}")
+    return steps

@@ -114,6 +114,7 @@ class Pacer(Joinable):
                  f"enqueued, not when they run on the GPU, so its spreads say little; {hint}")
         self.samples_per_step = samples_per_step
         self.steps = 0
+        self._first_measured = self.config.warmup_steps  # the first step summary() counts
         self._t0 = time.perf_counter()
         if self.backend == "device":  # imported here: only the device backend needs triton
             from .backends.device import DeviceEngine
@@ -131,6 +132,7 @@ class Pacer(Joinable):
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
+        self._header: dict[str, Any] = {}
         # One step's record in this many goes to the file and TensorBoard: every step up to 127
         # ranks, then fewer (a record is ~31 bytes of JSON a rank, 8-9 ms to encode at 4096).
         self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
@@ -139,7 +141,7 @@ class Pacer(Joinable):
         if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
             me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
             extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
-            header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
+            self._header = header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
                                  label=label, config=self.config.to_dict(),
                                  samples_per_step=samples_per_step,
                                  process_group_backend=pg_backend, pacer_backend=self.backend,
@@ -361,7 +363,7 @@ class Pacer(Joinable):
         dict, times in us, that `print` shows as a table in ms. The
         ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~960
         steps at 4096 ranks); the telemetry file one step in `telemetry_every` of the run."""
-        steady = [r for r in self.ring if r.step >= self.config.warmup_steps]
+        steady = [r for r in self.ring if r.step >= self._first_measured]
         out = summarize(steady, self.world_size, self.samples_per_step)
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
                    sites=len(self.site_names), warmup_steps=self.config.warmup_steps)
@@ -376,22 +378,40 @@ class Pacer(Joinable):
         dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
         Synchronises (device backend)."""
         self._check_between_steps("state_dict")
-        return checkpoint.gather(self._engine.policy_state(), world_size=self.world_size,
-                                 group=self.group, device=self.join_device,
-                                 group_ranks=_subgroup_ranks(self.group))
+        return checkpoint.gather(self._engine.policy_state(), steps=self.steps,
+                                 world_size=self.world_size, group=self.group,
+                                 device=self.join_device, group_ranks=_subgroup_ranks(self.group))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Takes over what `state_dict` saved, on a job of as many ranks, each taking its own
         rank's part (not a collective: call it on every rank, between steps). The next delays
         are not saved, and the warm-up runs again (its steps measure, as at any start), then
         pacing goes on from the saved floors and counters. Saved on other nodes or GPUs, a
-        rank's floor may no longer fit it: the floor falls at its first late step. A
+        rank's floor may no longer fit it: the floor falls at its first late step. A pacer
+        that has not stepped yet, as a restarted job's, goes on from the saved step count: its
+        records, telemetry file and TensorBoard points are numbered on from there (TensorBoard
+        hides the points an earlier run logged from that step on), and summary() and the
+        report leave out the warm-up after it; one that has stepped keeps its own count. A
         ValueError for a state of another world size, of another data-parallel group, or one
         no pacer saved."""
         self._check_between_steps("load_state_dict")
-        self._engine.load_policy_state(checkpoint.unpack(
-            state, world_size=self.world_size, max_sites=self.config.max_sites,
-            group_ranks=_subgroup_ranks(self.group)))
+        learnt = checkpoint.unpack(state, world_size=self.world_size,
+                                   max_sites=self.config.max_sites,
+                                   group_ranks=_subgroup_ranks(self.group))
+        steps = checkpoint.steps_of(state)
+        self._engine.load_policy_state(learnt)
+        if steps and self.steps == 0:
+            self._resume_at(steps)
+
+    def _resume_at(self, steps: int) -> None:
+        """Numbers this fresh pacer's steps on from `steps`, a checkpoint's count."""
+        self.steps = steps
+        self._first_measured = steps + self.config.warmup_steps
+        if self._writer is not None:  # the report's warm-up: the header says where it ends
+            self._header.update(resumed_at_step=steps, first_measured_step=self._first_measured)
+            self._writer.restate_header(self._header)
+        if self._tb is not None:
+            self._tb.resume_at(steps)
 
     def _check_between_steps(self, what: str) -> None:
         self.check_group()

@@ -3,7 +3,9 @@ and reader (the run summary is in `gpupace.summary`).
 
 File format (JSON lines), shared by `Pacer`, `gpupace demo` and the simulator:
   line 1, the header: {"gpupace": "telemetry", "format": 1, "source", "label", "rank",
-      "world_size", "sites", "config", "versions", "host", "started"}
+      "world_size", "sites", "config", "versions", "host", "started"}, and optional fields:
+      "first_measured_step" (where the figures start; else the config's warmup_steps),
+      "resumed_at_step" (a Pacer loaded from a checkpoint: its first step's number), ...
   then one line per step, a `StepRecord`: scalars for the whole step plus per-rank lists
   (every rank holds the gathered matrix, so one file describes every rank).
 A file is flushed every `telemetry_interval` steps, so a crash loses at most one interval.
@@ -288,6 +290,7 @@ class TelemetryWriter:
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).
         self._file.write(json.dumps(_finite(header), default=str) + "\n")
+        self._took_records = False  # `write` was called: the header can no longer change
         self._lock = threading.Lock()  # the file, between the thread and flush/close
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
@@ -307,10 +310,23 @@ class TelemetryWriter:
             # the queued records are written.
             self._finalizer = multiprocessing.util.Finalize(None, self.close, exitpriority=0)
 
+    def restate_header(self, header: dict[str, Any]) -> bool:
+        """Writes `header` over the file's, if no record has come yet (a resumed pacer's, whose
+        step count is known after its file was opened); False, and nothing written, after."""
+        if self._file is None or self._took_records:
+            return False
+        with self._lock:  # no record queued: the thread writes nothing
+            self._file.seek(0)
+            self._file.truncate()
+            self._file.write(json.dumps(_finite(header), default=str) + "\n")
+            self._flush()
+        return True
+
     def write(self, record: StepRecord) -> None:
         if self._file is None:
             raise ValueError(f"telemetry file {self.path} is closed")
         self._raise_failure()
+        self._took_records = True
         if self._queue is not None:
             self._record_mb = record_bytes(len(record.earliness_us),
                                            len(record.site_spread_us)) / 1e6

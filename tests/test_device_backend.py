@@ -370,3 +370,20 @@ def test_engine_site_buffers_are_the_states_so_the_update_resets_them(interp):
             eng.end_step(0, 0.0)
     assert torch.isnan(eng.usual[1:]).all() and (eng.stamps[1:, 2] == 0).all()
     assert eng.stamps[0, 2] != 0  # the site kept keeps its last exit
+
+
+def test_a_record_of_a_step_the_host_did_not_see_counts_on_from_the_nearest_it_did():
+    """Graph replays move the device's step counter unseen: their records take the step of
+    the nearest eager call the engine holds, counted on (a resumed pacer's steps are not its
+    calls), with no host time."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from gpupace.backends.device import DeviceEngine
+
+    engine = SimpleNamespace(_times=deque([(5, 105, 1.5), (6, 106, 2.5)]))
+    assert DeviceEngine._time_of(engine, 6) == (106, 2.5)
+    step, t = DeviceEngine._time_of(engine, 9)
+    assert step == 109 and math.isnan(t)
+    assert DeviceEngine._time_of(engine, 2)[0] == 102  # older than the calls held
+    assert DeviceEngine._time_of(SimpleNamespace(_times=deque()), 3)[0] == 3

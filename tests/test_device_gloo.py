@@ -208,7 +208,7 @@ def _state_carried_over(rank: int, world: int):
 
     first = engine()
     learnt = run(first, 12)
-    saved = checkpoint.gather(first.policy_state(), world_size=world, group=None,
+    saved = checkpoint.gather(first.policy_state(), steps=12, world_size=world, group=None,
                               device=torch.device("cpu"))
     own = first.policy_state()
     loaded, fresh, host = engine(), engine(), HostEngine(cfg, None, rank, world)

@@ -525,3 +525,18 @@ def test_a_path_that_names_a_folder_is_refused_whatever_is_on_disk(tmp_path, pat
     with pytest.raises(IsADirectoryError, match="names a folder"):
         TelemetryWriter(f"{tmp_path}/{path}", make_header(source="test", world_size=2))
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_header_is_restated_until_the_first_record_and_never_after(tmp_path, background):
+    path = tmp_path / "t.jsonl"
+    header = make_header(source="test", world_size=2, label="long label " * 200)
+    w = TelemetryWriter(path, header, interval=1, background=background)
+    assert w.restate_header({**header, "label": "", "resumed_at_step": 40})  # a shorter line
+    w.write(record(40))
+    assert not w.restate_header({**header, "resumed_at_step": 99})
+    w.close()
+    assert not w.restate_header(header)  # closed
+    assert read_header(path)["resumed_at_step"] == 40
+    read = read_telemetry(path)
+    assert [r.step for r in read.records] == [40] and read.skipped == []

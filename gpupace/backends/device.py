@@ -420,12 +420,17 @@ class DeviceEngine:
 
     def _time_of(self, call: int) -> tuple[int, float]:
         """The step number and host time that eager `end_step` call `call` was given, from
-        `_times` (consecutive calls; a dict made of it at every parse cost ~0.4 ms here)."""
+        `_times` (consecutive calls; a dict made of it at every parse cost ~0.4 ms here). A
+        call the host did not make (a graph replay) or no longer holds: its step counted on
+        from the nearest call held (a resumed pacer's steps are not its calls), time NaN."""
         times = self._times
-        i = call - times[0][0] if times else -1
+        if not times:
+            return call, float("nan")
+        i = call - times[0][0]
         if 0 <= i < len(times):
             return times[i][1], times[i][2]
-        return call, float("nan")
+        near = times[0] if i < 0 else times[-1]
+        return call - near[0] + near[1], float("nan")
 
     def _collect_phases(self) -> None:
         """Eager-mode phase times from CUDA events, read only once they have completed."""

@@ -40,8 +40,18 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | os.PathLike, prefix: str = "gpupace",
                  flush_secs: int = 30):
-        self.prefix = prefix
-        self._writer = summary_writer()(log_dir=str(log_dir), flush_secs=flush_secs)
+        self.prefix, self._log_dir, self._flush_secs = prefix, str(log_dir), flush_secs
+        self._writer = summary_writer()(log_dir=self._log_dir, flush_secs=flush_secs)
+
+    def resume_at(self, step: int) -> None:
+        """Goes on from `step` in the same folder, a resumed job's: a new event file that
+        tells TensorBoard to hide the points earlier files hold from `step` on (the ones a
+        crashed run logged after its checkpoint), as SummaryWriter's `purge_step` does."""
+        if self._writer is None:
+            raise ValueError("this TensorBoardLogger is closed")
+        self._writer.close()
+        self._writer = summary_writer()(log_dir=self._log_dir, flush_secs=self._flush_secs,
+                                        purge_step=int(step))
 
     def log(self, record: StepRecord) -> None:
         """Logs one step; NaN figures (the first step's time, an unknown transfer) are left
