@@ -18,7 +18,9 @@ are packed into one tar. Targets on an H200
 (graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
 syncs) are compared, never assumed; the README has what the runs of 2026-11-30 measured.
 
-Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 300 s),
+Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 200 s:
+the run of 2026-11-30 took 55 s; the prepared device command runs the full suite after it,
+150 s at most, and a hang here must leave it time),
 each phase gets what is left of it, the GPU tests and the suite run as subprocesses killed at
 their deadline, a watchdog ends this process (stacks dumped) past the budget, and the result
 files are rewritten after every phase, so a kill keeps what was measured before it.
@@ -677,10 +679,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
     ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
-    ap.add_argument("--budget", type=float, default=300.0,
+    ap.add_argument("--budget", type=float, default=200.0,
                     help="seconds for the whole check; each phase gets at most what is left")
-    ap.add_argument("--tests-timeout", type=float, default=150.0)
-    ap.add_argument("--suite-timeout", type=float, default=120.0)
+    ap.add_argument("--tests-timeout", type=float, default=120.0)
+    ap.add_argument("--suite-timeout", type=float, default=60.0)
     args = ap.parse_args(argv)
     for name in ("budget", "tests_timeout", "suite_timeout"):
         if not getattr(args, name) > 0:
