@@ -11,6 +11,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,7 +92,10 @@ class PaceConfig:
     """Steps measured but never paced at the start (allocators, autotuning, DDP bucket rebuild)."""
 
     telemetry_interval: int | None = None
-    """Steps between telemetry flushes; a crash loses at most this many steps of records."""
+    """Records written between fsyncs of the telemetry file: a machine that goes down loses at
+    most this many records (of one step in `telemetry_every` each). A killed process loses
+    only the records still queued: the writer hands its lines to the OS whenever it has
+    caught up with the steps."""
 
     telemetry_every: int | None = None
     """Write the record of one step in this many to the telemetry file and TensorBoard (the
@@ -101,8 +105,8 @@ class PaceConfig:
     default): every step up to 127 ranks, then one in world_size // 64 (64 at 4096 ranks)."""
 
     telemetry_path: str | None = None
-    """JSON-lines file for per-step records; `{rank}` in it (the global rank) gives one file
-    per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
+    """JSON-lines file for per-step records; `{rank}` in it (the global rank; `{rank:05d}`
+    pads it; no other field is filled in) gives one file per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
     data-parallel subgroup each group's rank 0, in a file named after the group's global
     ranks (run.jsonl: run.group0-1.jsonl, run.group2-3.jsonl, ...). A folder ("runs/") is
     refused with a warning (give it as text: a pathlib.Path drops the slash). None or empty: no
@@ -183,6 +187,8 @@ class PaceConfig:
         if self.telemetry_path is not None and not isinstance(self.telemetry_path, str):
             raise ValueError(f"telemetry_path must be a string, a path or None, got "
                              f"{type(self.telemetry_path).__name__}")
+        if self.telemetry_path:
+            _check_rank_fields(self.telemetry_path)
 
     def replace(self, **changes: Any) -> PaceConfig:
         """A copy with `changes` applied; fields not changed keep their resolved values, except
@@ -247,6 +253,33 @@ def _parse_env(name: str, raw: str) -> Any:
     except ValueError:
         kind = "an integer" if name in _INT_FIELDS else "a number"
         raise ValueError(f"{var} must be {kind}, got {raw!r}") from None
+
+
+_RANK_FIELD = re.compile(r"\{rank(?::([^{}]*))?\}")  # {rank}, {rank:05d}
+
+
+def per_rank_path(path: str) -> bool:
+    """Whether a telemetry path names one file a rank: it has a `{rank}` field."""
+    return _RANK_FIELD.search(path) is not None
+
+
+def fill_rank(path: str, rank: int) -> str:
+    """`path` with each `{rank}` (or `{rank:05d}`, a format spec) filled in."""
+    return _RANK_FIELD.sub(lambda m: format(rank, m.group(1) or ""), path)
+
+
+def _check_rank_fields(path: str) -> None:
+    """A ValueError for a field other than `{rank}` in a telemetry path, or a spec that does
+    not format a rank: left as they were, they named a file no one expected."""
+    other = re.findall(r"\{[^{}]*\}", _RANK_FIELD.sub("", path))
+    if other:
+        raise ValueError(f"telemetry_path {path!r}: only {{rank}} (or {{rank:05d}}) is filled "
+                         f"in, got {other[0]}")
+    try:
+        fill_rank(path, 0)
+    except ValueError as e:
+        raise ValueError(f"telemetry_path {path!r}: its {{rank}} field does not format a rank "
+                         f"number ({e})") from None
 
 
 def _plain(name: str, value: Any) -> Any:

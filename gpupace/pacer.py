@@ -36,9 +36,10 @@ from . import checkpoint
 from .agree import check_ranks_agree
 from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
 from .backends.host import HostEngine
-from .config import PaceConfig
+from .config import PaceConfig, fill_rank, per_rank_path
 from .summary import Summary, summarize
 from .telemetry import (
+    HEADER_FIELDS,
     Ring,
     StepRecord,
     TelemetryWriter,
@@ -94,6 +95,7 @@ class Pacer(Joinable):
                 raise ValueError(f"samples_per_step must be a finite number > 0 (the samples "
                                  f"of one step, over all ranks), got {samples_per_step!r}")
             self.config = config if config is not None else PaceConfig()
+            _check_extra(telemetry_extra)
             self.backend = self._pick_backend(backend, pg_backend)
             if tensorboard_dir is not None and self.enabled and self.rank == 0:
                 from .report.tensorboard import summary_writer
@@ -138,7 +140,7 @@ class Pacer(Joinable):
         self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
         path = self.config.telemetry_path
         subgroup = _subgroup_ranks(group)  # a data-parallel group's files are its own
-        if path and self.config.mode != "off" and ("{rank}" in path or self.rank == 0):
+        if path and self.config.mode != "off" and (per_rank_path(path) or self.rank == 0):
             me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
             extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
             self._header = header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
@@ -619,12 +621,31 @@ def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> s
     group's rank 0 writes, and one file for all had kept one group's and renamed the others'
     as earlier runs. A folder (".", "runs/") is left as it is: the writer refuses it, and the
     Pacer warns."""
-    if "{rank}" in path or subgroup is None:
-        return path.replace("{rank}", str(global_rank))
+    if per_rank_path(path) or subgroup is None:
+        return fill_rank(path, global_rank)
     p = Path(path)
     if names_a_folder(path) or p.is_dir():
         return path
     return str(p.with_name(f"{p.stem}.{group_tag(subgroup)}{p.suffix}"))
+
+
+# The header fields a Pacer writes beside make_header's
+PACER_HEADER_FIELDS = ("samples_per_step", "process_group_backend", "pacer_backend",
+                       "telemetry_every", "global_rank", "group_ranks", "resumed_at_step")
+
+
+def _check_extra(extra: Any) -> None:
+    """A ValueError for a `telemetry_extra` that is no dict of names, or that sets a field the
+    header has of its own (a "format" or "config" of the user's made the file unreadable, or
+    failed on the writing rank alone)."""
+    if extra is None:
+        return
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise ValueError(f"telemetry_extra must be a dict with string keys, got {extra!r:.60}")
+    taken = [k for k in extra if k in HEADER_FIELDS or k in PACER_HEADER_FIELDS]
+    if taken:
+        raise ValueError(f"telemetry_extra sets {taken}, which the telemetry header holds of its "
+                         f"own: give those values other names (e.g. 'train_{taken[0]}')")
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -8,11 +8,14 @@ File format (JSON lines), shared by `Pacer`, `gpupace demo` and the simulator:
       "resumed_at_step" (a Pacer loaded from a checkpoint: its first step's number), ...
   then one line per step, a `StepRecord`: scalars for the whole step plus per-rank lists
   (every rank holds the gathered matrix, so one file describes every rank).
-A file is flushed every `telemetry_interval` steps, so a crash loses at most one interval.
+The writer hands its lines to the OS whenever it has caught up with the steps (a killed
+process loses only what was still queued) and fsyncs every `telemetry_interval` records (a
+machine that goes down loses at most that many).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -163,8 +166,9 @@ def _from_json(name: str, v: Any) -> Any:
             raise ValueError(f"{name} must be a list of numbers, got {a.ndim} dimensions")
         return a
     if name in _INT_FIELDS:
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ValueError(f"{name} must be an integer, got {v!r:.40}")
+        # int64's range: the report keeps them in int64 arrays (a corrupt 10**20 stopped it)
+        if not isinstance(v, int) or isinstance(v, bool) or not -2**63 <= v < 2**63:
+            raise ValueError(f"{name} must be a 64-bit integer, got {v!r:.40}")
         return v
     if name == "active":
         if not isinstance(v, bool):
@@ -191,10 +195,16 @@ def first_measured_step(header: dict[str, Any]) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
 
 
+# The fields every header has (make_header's own): `extra` must not set them.
+HEADER_FIELDS = ("gpupace", "format", "source", "label", "rank", "world_size", "sites", "config",
+                 "versions", "host", "started")
+
+
 def make_header(*, source: str, world_size: int, rank: int = 0, label: str = "",
                 sites: Iterable[str] = (), config: dict[str, Any] | None = None,
                 **extra: Any) -> dict[str, Any]:
-    """The first line of a telemetry file; `extra` adds fields (a demo's scenario, say)."""
+    """The first line of a telemetry file; `extra` adds fields (a demo's scenario, say), none
+    of HEADER_FIELDS."""
     versions: dict[str, str] = {"python": platform.python_version()}
     for mod in ("torch", "numpy", "gpupace"):
         try:
@@ -222,6 +232,9 @@ GIL_CHUNK = 512
 BACKLOG_WARN_MB = 64  # memory of queued records past which the background writer warns, once
 BACKLOG_LIMIT_MB = 256  # ... and past which it drops records, counted in the next one written
 CLOSE_NOTICE_MB = 16  # queued at close() past which it says it is writing them (~0.5 s at 4096)
+# close() waits for the writer's thread while it writes; past this long without a record
+# written (a hung file system) it gives the rest up, so that the rank can exit.
+CLOSE_STALL_S = 60.0
 
 
 def names_a_folder(path: str | os.PathLike) -> bool:
@@ -247,6 +260,16 @@ def keep_aside(path: Path) -> Path | None:
 # The files this process's open writers write. A background writer stays open until closed
 # (its thread and its exit finalizer hold it); a plain one dropped unclosed leaves.
 _writing: weakref.WeakValueDictionary[Path, TelemetryWriter] = weakref.WeakValueDictionary()
+
+
+def _disown_in_child() -> None:
+    """After a fork, in the child: every writer is the parent's (`TelemetryWriter._disown`)."""
+    for writer in list(_writing.values()):
+        writer._disown()
+    _writing.clear()
+
+
+os.register_at_fork(after_in_child=_disown_in_child)
 
 
 def _held(path: Path) -> bool:
@@ -285,12 +308,15 @@ class TelemetryWriter:
         self.kept: Path | None = keep_aside(self.path) if keep_previous else None
         self._pending = 0
         self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
+        self._pid = os.getpid()  # a forked child's copy of this writer is not its own
+        self.written = 0  # records written to the file (the thread's progress, for close)
         self._resolved = self.path.resolve()
         _writing[self._resolved] = self
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).
         self._file.write(json.dumps(_finite(header), default=str) + "\n")
         self._took_records = False  # `write` was called: the header can no longer change
+        self._given_up = False  # close() stopped waiting for a stuck thread
         self._lock = threading.Lock()  # the file, between the thread and flush/close
         self._error: BaseException | None = None
         self._queue: queue.SimpleQueue | None = None
@@ -353,17 +379,48 @@ class TelemetryWriter:
         line = record.to_json(chunk=GIL_CHUNK if self._thread is not None else 0) + "\n"
         with self._lock:
             self._file.write(line)
+            self.written += 1
             self._pending += 1
             if self._pending >= self.interval:
                 self._flush()
 
     def _drain(self) -> None:
-        while (record := self._queue.get()) is not None:
+        q = self._queue
+        while (record := q.get()) is not None:
             try:
                 self._write(record)
+                if q.empty():  # caught up: the lines go to the OS, and a killed rank keeps them
+                    with self._lock:  # (the steps before a hang are the ones to read)
+                        self._file.flush()
             except BaseException as e:  # noqa: BLE001 - handed to the writing thread
                 self._error = e
                 return
+        if self._given_up:  # close() stopped waiting for this thread: the file is its own
+            with contextlib.suppress(OSError):
+                self._close_file()
+
+    def _join_while_writing(self) -> bool:
+        """Waits for the thread to end while it goes on writing records; False once it has
+        written none for CLOSE_STALL_S."""
+        poll = min(1.0, CLOSE_STALL_S)
+        seen, idle = self.written, 0.0
+        while True:
+            self._thread.join(poll)
+            if not self._thread.is_alive():
+                return True
+            seen, idle = self.written, (idle + poll if self.written == seen else 0.0)
+            if idle >= CLOSE_STALL_S:
+                return False
+
+    def _disown(self) -> None:
+        """In a forked child: the file descriptor to /dev/null, so that the child's copy of the
+        buffer, flushed when it exits, is not written a second time into the parent's file."""
+        if self._file is not None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, self._file.fileno())
+            finally:
+                os.close(null)
 
     def _raise_failure(self) -> None:
         if self._error is not None:
@@ -384,28 +441,43 @@ class TelemetryWriter:
             self._pending = 0
 
     def close(self) -> None:
+        if self._pid != os.getpid() or self._given_up:
+            return  # a forked child's copy (`_disown`), or a file left to a stuck thread
         if self._thread is not None:
             if self._queue.qsize() * self._record_mb > CLOSE_NOTICE_MB:
                 warn(f"gpupace: writing the {self._queue.qsize()} telemetry records "
                      f"still queued to {self.path}")
             self._queue.put(None)  # after every queued record
-            self._thread.join()
-            self._thread = None
+            done = self._join_while_writing()
             self._finalizer.cancel()
-        if self._file is not None:
-            with self._lock:
-                try:
-                    self._flush()
-                finally:  # a failed flush or close (disk full) still frees the file and path
-                    file, self._file = self._file, None
-                    _writing.pop(self._resolved, None)
-                    file.close()
+            if not done:
+                self._given_up = True  # the thread closes the file, if it gets there
+                _writing.pop(self._resolved, None)
+                warn(f"gpupace: the telemetry writer wrote nothing to {self.path} for "
+                     f"{CLOSE_STALL_S:.0f} s (a hung file system?): stopped waiting for the "
+                     f"{max(self._queue.qsize() - 1, 0)} records still queued; the file keeps "
+                     f"what reached it")
+                if self._thread.is_alive():
+                    return  # it holds the file, and maybe the lock
+            self._thread = None
+        self._close_file()
         if self.dropped > self._dropped_told:  # dropped after the last record written
             warn(f"gpupace: the telemetry writer dropped the last "
                  f"{self.dropped - self._dropped_told} records of {self.path}, falling "
                  f"behind the steps")
             self._dropped_told = self.dropped
         self._raise_failure()
+
+    def _close_file(self) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            try:
+                self._flush()
+            finally:  # a failed flush or close (disk full) still frees the file and path
+                file, self._file = self._file, None
+                _writing.pop(self._resolved, None)
+                file.close()
 
 
 @dataclass(slots=True)

@@ -228,7 +228,8 @@ def test_a_resumed_pacer_numbers_its_steps_on_from_the_checkpoint(tmp_path):
     _one_rank_steps(first, 3)  # steps 5-7, lost with the job
     first.close()
 
-    resumed = Pacer(cfg, tensorboard_dir=tmp_path / "tb")
+    with pytest.warns(RuntimeWarning, match=r"already held a run: kept it as .*run.jsonl.1"):
+        resumed = Pacer(cfg, tensorboard_dir=tmp_path / "tb")
     resumed.load_state_dict(saved)
     assert _one_rank_steps(resumed, 4) == [5, 6, 7, 8]
     assert resumed.summary()["steps"] == 2  # 7 and 8: 5 and 6 are the restart's warm-up

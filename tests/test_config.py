@@ -48,6 +48,8 @@ def test_env_is_read_in_the_constructor_not_at_import(monkeypatch):
         ({"max_sites": 4097}, r"max_sites must be at most 4096 .* got 4097"),
         ({"telemetry_every": 0}, r"telemetry_every must be an integer >= 1, got 0"),
         ({"ring_memory_mb": 0}, r"ring_memory_mb must be .*\(0.0, 10000000.0\], got 0"),
+        ({"telemetry_path": "run-{host}.jsonl"}, r"only \{rank\} .* is filled in, got \{host\}"),
+        ({"telemetry_path": "run-{rank:q}.jsonl"}, r"its \{rank\} field does not format a rank"),
     ],
 )
 def test_bad_values_name_the_field_and_value(kwargs, pattern):

@@ -364,6 +364,7 @@ def test_group_names_tell_overlapping_groups_apart():
     assert telemetry_file("out/run.jsonl", 2, pair) == "out/run.group2-3.jsonl"
     assert telemetry_file("run", 2, pair) == "run.group2-3"
     assert telemetry_file("r.{rank}.jsonl", 3, pair) == "r.3.jsonl"
+    assert telemetry_file("r{rank:05d}/{rank}.jsonl", 3, None) == "r00003/3.jsonl"  # a spec
     assert telemetry_file("run.jsonl", 0, None) == "run.jsonl"
     for folder in (".", "..", "/", "runs/", "runs/."):  # left as they are: the writer refuses them
         assert telemetry_file(folder, 2, pair) == folder
@@ -634,6 +635,24 @@ def test_samples_per_step_must_be_a_positive_number(bad):
     with pytest.raises(ValueError, match=f"samples_per_step must be a finite number > 0 .*"
                                          f"got {re.escape(repr(bad))}"):
         Pacer(samples_per_step=bad)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"config": {"lr": 0.1}}, "telemetry_extra sets ['config'], which the telemetry header"),
+    ({"format": "bf16", "lr": 0.1}, "telemetry_extra sets ['format']"),
+    ({"telemetry_every": 4}, "telemetry_extra sets ['telemetry_every']"),
+    ({1: "x"}, "telemetry_extra must be a dict with string keys"),
+    ([("lr", 0.1)], "telemetry_extra must be a dict with string keys"),
+])
+def test_telemetry_extra_may_not_set_the_headers_own_fields(extra, message, tmp_path):
+    # {"format": "bf16"} made the file unreadable; {"config": ...} raised a TypeError on the
+    # writing rank alone, after the ranks had compared settings (the others went on)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Pacer(PaceConfig(mode="observe", telemetry_path=str(tmp_path / "run.jsonl")),
+              telemetry_extra=extra)
+    Pacer(PaceConfig(mode="observe", telemetry_path=str(tmp_path / "ok.jsonl")),
+          telemetry_extra={"lr": 0.1, "first_measured_step": 3}).close()
+    assert read_header(tmp_path / "ok.jsonl")["lr"] == 0.1
 
 
 def test_join_refuses_to_divide_by_the_ranks_left():

@@ -133,9 +133,11 @@ def test_cut_and_corrupt_lines_are_skipped_and_listed(tmp_path):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (("step", "x"), "step must be an integer, got 'x'"),
-    (("step", None), "step must be an integer, got None"),
-    (("straggler", None), "straggler must be an integer"),
+    (("step", "x"), "step must be a 64-bit integer, got 'x'"),
+    (("step", None), "step must be a 64-bit integer, got None"),
+    (("straggler", None), "straggler must be a 64-bit integer"),
+    (("step", 10**20), "step must be a 64-bit integer, got 100000000000000000000"),
+    (("straggler", -2**63 - 1), "straggler must be a 64-bit integer"),
     (("earliness_us", 5), "earliness_us must be a list of numbers, got 5"),
     (("earliness_us", "abc"), "earliness_us must be a list of numbers, got 'abc'"),
     (("spread_us", "1"), "spread_us must be a number or null, got '1'"),
@@ -540,3 +542,94 @@ def test_a_header_is_restated_until_the_first_record_and_never_after(tmp_path, b
     assert read_header(path)["resumed_at_step"] == 40
     read = read_telemetry(path)
     assert [r.step for r in read.records] == [40] and read.skipped == []
+
+
+def _lines_within(path: Path, n: int, seconds: float = 10.0) -> int:
+    """The file's line count once it reaches `n`, or when `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while (lines := len(path.read_text().splitlines())) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return lines
+
+
+def test_the_background_writer_hands_its_lines_to_the_os_once_caught_up(tmp_path):
+    """Records reached the file only every `interval` (50 by default): a rank killed during
+    a hang (a scheduler's SIGKILL, NCCL's abort) lost the steps before it, the ones to read."""
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=1000,
+                        background=True)
+    for k in range(5):
+        w.write(record(k))
+    assert _lines_within(path, 6) == 6  # the header and 5 records, read by another handle
+    w.close()
+
+
+def test_close_gives_up_on_a_writer_stuck_in_the_file_system(tmp_path, monkeypatch):
+    """A hung file system (an fsync that never returns) kept close(), and the rank's exit,
+    waiting forever; now it gives the queued records up after CLOSE_STALL_S without progress."""
+    import os
+    import threading
+
+    from gpupace import telemetry
+
+    monkeypatch.setattr(telemetry, "CLOSE_STALL_S", 1.0)
+    release, fsync = threading.Event(), os.fsync
+
+    def hung_fsync(fd):  # in the writer's thread alone: the file system stops answering
+        if threading.current_thread().name == "gpupace-telemetry":
+            release.wait(30)
+        return fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", hung_fsync)
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), interval=1,
+                        background=True)
+    try:
+        for k in range(4):
+            w.write(record(k))
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match=r"wrote nothing to .* for 1 s .* stopped waiting for the "
+                                                r"3 records still queued"):
+            w.close()
+        assert time.monotonic() - t0 < 10.0
+        w.close()  # again: nothing left to do
+    finally:
+        release.set()
+    # The file system back, the thread writes what was queued and closes the file itself.
+    assert _lines_within(path, 5) == 5
+    w._thread.join(10)
+    assert not w._thread.is_alive() and w._file is None
+
+
+FORKED = """
+import os, sys
+from gpupace.telemetry import StepRecord, TelemetryWriter, make_header, read_telemetry
+
+def record(k):
+    return StepRecord(step=k, time_s=0.0, step_time_us=1.0, spread_us=0.0, residual_us=0.0,
+                      transfer_us=0.0, straggler=0, active=False, earliness_us=[0.0],
+                      wait_us=[0.0], delay_us=[0.0], step_times_us=[1.0], site_spread_us=[0.0])
+
+path = sys.argv[1]
+w = TelemetryWriter(path, make_header(source="test", world_size=1), interval=1000)
+for k in range(5):
+    w.write(record(k))  # in the file object's buffer: interval 1000
+pid = os.fork()
+if pid == 0:  # the child: ends as a script does, its exit hooks run
+    w.close()
+    sys.exit(0)
+os.waitpid(pid, 0)
+for k in range(5, 8):
+    w.write(record(k))
+w.close()
+print([r.step for r in read_telemetry(path).records])
+"""
+
+
+def test_a_forked_child_leaves_its_parents_file_alone(tmp_path):
+    """A child forked with a writer open (os.fork, not multiprocessing) flushed its copy of
+    the parent's buffer into the parent's file when it ended: records written twice."""
+    done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path / "t.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(list(range(8))), done.stdout
