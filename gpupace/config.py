@@ -106,9 +106,10 @@ class PaceConfig:
 
     telemetry_path: str | None = None
     """JSON-lines file for per-step records; `{rank}` in it (the global rank; `{rank:05d}`
-    pads it; no other field is filled in) gives one file per rank, without it only rank 0 writes (it holds every rank's row), and for a pacer on a
-    data-parallel subgroup each group's rank 0, in a file named after the group's global
-    ranks (run.jsonl: run.group0-1.jsonl, run.group2-3.jsonl, ...). A folder ("runs/") is
+    pads it; no other field is filled in) gives one file per rank, without it only rank 0
+    writes (it holds every rank's row), and for a pacer on a data-parallel subgroup each
+    group's rank 0, in a file named after the group's global ranks (run.jsonl:
+    run.group0-1.jsonl, run.group2-3.jsonl, ...). A folder ("runs/") is
     refused with a warning (give it as text: a pathlib.Path drops the slash). None or empty: no
     file ("" also overrides a GPUPACE_TELEMETRY_PATH, which None leaves in force)."""
 

@@ -143,12 +143,11 @@ class Pacer(Joinable):
         if path and self.config.mode != "off" and (per_rank_path(path) or self.rank == 0):
             me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
             extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
-            self._header = header = make_header(source="pacer", world_size=self.world_size, rank=self.rank,
-                                 label=label, config=self.config.to_dict(),
-                                 samples_per_step=samples_per_step,
-                                 process_group_backend=pg_backend, pacer_backend=self.backend,
-                                 telemetry_every=self.telemetry_every, **extra,
-                                 **(telemetry_extra or {}))
+            self._header = header = make_header(
+                source="pacer", world_size=self.world_size, rank=self.rank, label=label,
+                config=self.config.to_dict(), samples_per_step=samples_per_step,
+                process_group_backend=pg_backend, pacer_backend=self.backend,
+                telemetry_every=self.telemetry_every, **extra, **(telemetry_extra or {}))
             try:
                 self._writer = TelemetryWriter(telemetry_file(path, me, subgroup), header,
                                                self.config.telemetry_interval, background=True,
