@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         # rank's traceback), not ours.
         print(f"gpupace {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # a size past this machine's memory (--steps 1e10)
+        print(f"gpupace {argv[0]}: error: out of memory ({type(e).__name__}: {e}): ask for "
+              "less (fewer steps, ranks or a smaller batch)", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"gpupace {argv[0]}: interrupted", file=sys.stderr)
         return 130

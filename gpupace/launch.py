@@ -78,12 +78,30 @@ def _forked_rank_main(payload, env, fds, rank, world_size, backend, store_path, 
     try:
         fn, args, kwargs = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - a module that fails to import here: say which
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, (time.time(), traceback.format_exc())))
         raise SystemExit(1) from None
     _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs)
 
 
+def _exit_with_parent() -> None:
+    """Ends this rank when the process that started it ends, however it ends: a caller killed
+    by SIGKILL (the OOM killer, a CI hard kill) runs nothing that could end its ranks, which
+    trained on to the end of the run."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        from multiprocessing.connection import wait
+
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gpupace-parent-watch", daemon=True).start()
+
+
 def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs):
+    _exit_with_parent()
     try:
         import torch
         import torch.distributed as dist
@@ -95,13 +113,19 @@ def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, result
                                 timeout=datetime.timedelta(seconds=coll_timeout_s))
         try:
             value = fn(rank, world_size, *args, **kwargs)
+        except BaseException:  # noqa: BLE001 - timed before the process group goes, which
+            # fails the peers' collectives: the caller tells the first failure from theirs
+            results.put((rank, False, (time.time(), traceback.format_exc())))
+            raise SystemExit(1) from None
         finally:
             dist.destroy_process_group()
         # Plain pickle: torch's queue pickler would share tensors through file descriptors
         # that vanish when this process exits.
         results.put((rank, True, pickle.dumps(value)))
+    except SystemExit:
+        raise
     except BaseException:  # noqa: BLE001 - report anything, then exit non-zero
-        results.put((rank, False, traceback.format_exc()))
+        results.put((rank, False, (time.time(), traceback.format_exc())))
         raise SystemExit(1) from None
 
 
@@ -134,16 +158,22 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
             return _start_and_collect(procs, results, timeout_s)
 
 
+# After a first failure, how long the others' reports are awaited: a rank that fails ends its
+# process group, and its peers' collectives then fail too, often reporting first.
+FAILURE_GRACE_S = 3.0
+
+
 def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
     """Starts the ranks and returns their results by rank; kills what is left on the way out,
     whatever the way."""
     world_size = len(procs)
     out: dict[int, Any] = {}
+    failed: dict[int, tuple[float, str]] = {}
     deadline = _now() + timeout_s
     for p in procs:
         p.start()
     try:
-        while len(out) < world_size:
+        while len(out) + len(failed) < world_size:
             try:
                 rank, ok, value = results.get(timeout=max(0.1, min(1.0, deadline - _now())))
             except queue.Empty:
@@ -152,13 +182,13 @@ def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
                     raise TimeoutError(
                         f"ranks {missing} of {world_size} did not finish within {timeout_s:.0f} s"
                     ) from None
-                dead = [r for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)]
-                if dead and results.empty():
-                    raise RuntimeError(f"rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) "
-                                       f"without reporting") from None
+                if any(r not in out and r not in failed and p.exitcode not in (None, 0)
+                       for r, p in enumerate(procs)) and results.empty():
+                    raise RuntimeError(_failure(procs, out, failed, results)) from None
                 continue
             if not ok:
-                raise RuntimeError(f"rank {rank} of {world_size} failed:\n{value}")
+                failed[rank] = value
+                raise RuntimeError(_failure(procs, out, failed, results))
             out[rank] = pickle.loads(value)
         for p in procs:
             p.join(timeout=max(1.0, deadline - _now()))
@@ -169,6 +199,48 @@ def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
                 p.join(timeout=5)
         results.close()
     return [out[r] for r in range(world_size)]
+
+
+def _failure(procs: list, out: dict[int, Any], failed: dict[int, tuple[float, str]],
+             results) -> str:
+    """What failed, once something has: the others' reports awaited FAILURE_GRACE_S more,
+    then the ranks that died without a word (killed: the likely cause) or the earliest failure
+    with its traceback, and the ranks that failed after it or went silent."""
+    world_size = len(procs)
+    grace = _now() + FAILURE_GRACE_S
+    while len(out) + len(failed) < world_size and _now() < grace:
+        try:
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            if all(r in out or r in failed or p.exitcode is not None for r, p in enumerate(procs)):
+                break
+            continue
+        if ok:
+            out[rank] = None
+        else:
+            failed[rank] = value
+    unheard = [r for r in range(world_size) if r not in out and r not in failed]
+    died = [r for r in unheard if procs[r].exitcode not in (None, 0)]
+    silent = [r for r in unheard if procs[r].exitcode is None]
+    lines = []
+    for r in died:
+        code = procs[r].exitcode
+        how = f"exit code {code}"
+        if code < 0:
+            try:
+                how = f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"killed by signal {-code}"
+        lines.append(f"rank {r} of {world_size} died ({how}) without reporting")
+    order = sorted(failed, key=lambda r: failed[r][0])
+    if order:
+        first = order[0]
+        later = f" (then ranks {order[1:]} failed too, likely for it)" if order[1:] else ""
+        lines.append(f"rank {first} of {world_size} failed{' first' if later else ''}{later}:"
+                     f"\n{failed[first][1]}")
+    if silent:
+        lines.append(f"ranks {silent} had not reported when the others failed (hung?)")
+    return "\n".join(lines)
 
 
 @contextmanager

@@ -42,8 +42,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig,start", [(signal.SIGTERM, "spawn"), (signal.SIGHUP, "forkserver")])
+@pytest.mark.parametrize("sig,start", [(signal.SIGTERM, "spawn"), (signal.SIGHUP, "forkserver"),
+                                       (signal.SIGKILL, "spawn"), (signal.SIGKILL, "forkserver")])
 def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
+    """SIGKILL runs nothing in the parent (the OOM killer, a CI hard kill): its ranks trained
+    on to the end of the run, printing into the terminal; now each watches its parent."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     pids = tmp_path / "pids"
@@ -57,7 +60,7 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
             time.sleep(0.1)
         ranks = [int(p.read_text()) for p in pids.iterdir()]
         parent.send_signal(sig)
-        assert parent.wait(timeout=30) == 128 + sig
+        assert parent.wait(timeout=30) == (-sig if sig == signal.SIGKILL else 128 + sig)
         deadline = time.monotonic() + 10
         while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -146,3 +149,32 @@ def test_an_unknown_start_method_is_refused_naming_it(monkeypatch):
     monkeypatch.setattr(launch, "START_METHOD", "fork")
     with pytest.raises(ValueError, match="START_METHOD must be one of .* got 'fork'"):
         run_ranks(_env_and_cwd, 1)
+
+
+def _one_rank_fails(rank, world, how):
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(20):
+        dist.all_reduce(torch.ones(4))
+    if rank == world - 1:
+        if how == "raise":
+            raise ValueError("boom on the last rank")
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(20):  # the others go on, and fail for the rank that left
+        dist.all_reduce(torch.ones(4))
+    return rank
+
+
+@pytest.mark.parametrize("how, message", [
+    ("raise", r"(?s)rank 3 of 4 failed.*ValueError: boom on the last rank"),
+    ("kill", r"rank 3 of 4 died \(killed by SIGKILL\) without reporting"),
+])
+def test_the_rank_that_failed_is_named_not_the_peers_it_took_down(how, message):
+    """The failing rank ended its process group, its peers' collectives failed ("Connection
+    closed by peer") and reported first: the error named a healthy rank, without the cause."""
+    with pytest.raises(RuntimeError, match=message) as e:
+        run_ranks(_one_rank_fails, 4, how, timeout_s=60, collective_timeout_s=20)
+    assert not str(e.value).startswith(("rank 0", "rank 1", "rank 2")), str(e.value)[:300]
