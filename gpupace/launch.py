@@ -2,7 +2,8 @@
 process group, and returns every rank's result. Used by the demo, the benchmarks and the tests.
 
 Nothing hangs: the whole run has a deadline, and a rank that fails or overruns ends the others
-with an error that names it and carries its traceback.
+with an error that names it and carries its traceback (the first to fail, not the peers whose
+collectives it broke); ranks end with their caller, even one killed by SIGKILL.
 
 Ranks are spawned: each imports torch anew, ~1.5 s of CPU (4 ranks on the 2-core VM took 6 s
 to start and finish an all_reduce). With `START_METHOD = "forkserver"` (Linux; the tests set it)
