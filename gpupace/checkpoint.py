@@ -109,9 +109,7 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
                          f"pacer's is {who(mine)}: each group has a state of its own (call "
                          f"state_dict() on every rank and save each group's, from one of its "
                          f"ranks)")
-    n = saved.get("sites")
-    if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
-        raise ValueError(f"pacer state: 'sites' must be an integer >= 0, got {n!r}")
+    n = _count(saved, "sites")
     if n == 0:
         return None
     out: dict[str, np.ndarray] = {}
@@ -135,9 +133,12 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
 def steps_of(saved: dict[str, Any]) -> int | None:
     """The step count in `saved` (a dict `unpack` has taken), None in a state saved before
     states held one; a ValueError for one that is no step count."""
-    steps = saved.get("steps")
-    if steps is None:
-        return None
-    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
-        raise ValueError(f"pacer state: 'steps' must be an integer >= 0, got {steps!r:.40}")
-    return steps
+    return None if saved.get("steps") is None else _count(saved, "steps")
+
+
+def _count(saved: dict[str, Any], name: str) -> int:
+    """`saved[name]`, an integer >= 0; a ValueError naming it otherwise."""
+    value = saved.get(name)
+    if not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        raise ValueError(f"pacer state: {name!r} must be an integer >= 0, got {value!r:.40}")
+    return value
