@@ -1,15 +1,17 @@
 """What a pacer has learnt, as a checkpoint's entry (`Pacer.state_dict`, `load_state_dict`).
 
-A job restarted from a checkpoint would otherwise learn everything again: at 4096 ranks a
-persistently late rank's peers are paced only after the holdoff, 5 steps a rank (20,480
-steps), and restarts at that scale come every few hours. The state kept is the policy's
-learning: per rank and site the earliness floor, the holdoff's calm counter and the running
-mean and variance of earliness; per site the on/off switch and its hysteresis counters; and
-the pacer's step count, so that a resumed job's telemetry and TensorBoard steps go on from
-it. Not kept: the next delays (the first step after a load applies none), the policy's own
-step count (its warm-up runs again: its steps measure, as at any start, before the floors
-move or anything is paced) and the timing of the sites (clock readings of the old
-processes).
+A job restarted from a checkpoint would otherwise learn everything again: where the last
+arrival moves among many ranks, no rank is paced before 5 calm steps for each of them
+(`policy.holdoff`: up to 20,480 steps at 4096 ranks), and restarts at that scale come every
+few hours. The state kept is the policy's learning: per rank and site the earliness floor,
+the holdoff's calm counter and the running mean and variance of earliness; per site the
+on/off switch, its hysteresis counters and the number of ranks that have been the site's
+straggler; and the pacer's step count, so that a resumed job's telemetry and TensorBoard
+steps go on from it. Not kept: which ranks have been the stragglers (an [N, S] matrix: a
+resumed pacer counts a rank again when it is last again, so its holdoff errs long), the next
+delays (the first step after a load applies none), the policy's own step count (its warm-up
+runs again: its steps measure, as at any start, before the floors move or anything is paced)
+and the timing of the sites (clock readings of the old processes).
 
 Each rank holds its own rank's state (an update computes that one alone), so `gather` is a
 collective: an all_gather of the site counts, then one of the rows. A data-parallel
@@ -27,13 +29,13 @@ import torch
 
 FORMAT = "gpupace.pacer_state/1"
 PER_RANK = ("floor", "calm", "mean", "var")  # [N, S]: each rank's own
-PER_SITE = ("active", "above", "below")  # [S]: the same on every rank
+PER_SITE = ("active", "above", "below", "n_last")  # [S]: the same on every rank
 FIELDS = PER_RANK + PER_SITE
-COUNTERS = ("calm", "above", "below")  # integers
+COUNTERS = ("calm", "above", "below", "n_last")  # integers
 
 
 def _row(state: dict[str, np.ndarray] | None, width: int) -> np.ndarray:
-    """One rank's state as float64 [7 * width]: each field padded to `width` sites (counters
+    """One rank's state as float64 [len(FIELDS) * width]: each field padded to `width` sites (counters
     below 2^53 travel exactly)."""
     row = np.zeros(len(FIELDS) * width)
     n = 0 if state is None else len(state["floor"])
@@ -115,6 +117,9 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
     out: dict[str, np.ndarray] = {}
     for name in FIELDS:
         value = saved.get(name)
+        if value is None and name == "n_last":  # saved before 2026-12-01: the holdoff of
+            out[name] = np.full(min(n, max_sites), world_size)  # then, holdoff_factor x N
+            continue
         shape = (world_size, n) if name in PER_RANK else (n,)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__

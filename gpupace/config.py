@@ -68,19 +68,22 @@ class PaceConfig:
 
     holdoff_factor: float | None = None
     """A rank's floor starts to rise only after it has not been late (within `guard_us` of the
-    last arrival) for `holdoff_factor x world size` steps. With random stragglers each rank is
-    last about once in N steps, so a holdoff of 5N holds about 99% of the ranks (1 - e^-5) at
-    zero delay at any one step (over a long run most pass it now and then). Measured with the
-    policy alone, one Pareto straggler a step at 4/16/64 ranks: pacing adds 0.03/0.2/0.8% of
-    the spread to the step; a persistent straggler is paced within 55/119/363 steps."""
+    last arrival) for `holdoff_factor` steps for each rank that has been the site's last
+    arrival, at most `holdoff_factor x world size` (`gpupace.policy.holdoff`). Where the last
+    arrival is random over k ranks, each is last about once in k steps, so a holdoff of 5k
+    holds about 99% of them (1 - e^-5) at zero delay at any one step (over a long run most
+    pass it now and then). Measured in the simulator (bench/sim_holdoff.py, 2026-12-01): one
+    node's GPUs always last, the first delay came at step 10 at 64, 512 and 4096 ranks (a
+    holdoff of 5N, the rule until then: after 328, 2568 and 20,488 steps); random stalls on any
+    of 512 ranks, at step 2557 (5N: 2565)."""
 
     holdoff_max: int | None = None
     """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A
-    lower bound paces a persistent straggler sooner at large world sizes, but a bound H below
-    5N lets about e^(-H/N) of the ranks pass the holdoff by chance under random stragglers,
-    and each such delay costs throughput where nothing couples waiting to compute: with the
-    bound at 1000 (the default until 2026-12-01), the simulator's `jitter` preset at 512 ranks
-    lost 0.033% against 0.0017% with none (6,000 steps, seed 0, one-off runs)."""
+    lower bound H below 5N lets about e^(-H/N) of the ranks pass the holdoff by chance under
+    random stragglers, and each such delay costs throughput where nothing couples waiting to
+    compute: with the bound at 1000 (the default until 2026-12-01), the simulator's `jitter`
+    preset at 512 ranks lost 0.033% against 0.0017% with none (6,000 steps, seed 0, one-off
+    runs)."""
 
     overshoot_risk: float | None = None
     """Target probability, per step and site, that pacing delays some rank past the last

@@ -45,8 +45,9 @@ MAX_SEED = 2**32  # torch's generators take seed * 1000 + rank; NumPy's any size
 
 def settle_steps(config: PaceConfig, ranks: int) -> int:
     """Steps at the start of a phase before its fresh pacer can delay anyone: the warm-up, then
-    the longer of the hysteresis' switch-on and a rank's holdoff (its floor rises only after it
-    has not been late for that many steps). Both sides leave them out of their statistics, on
+    the longer of the hysteresis' switch-on and a rank's holdoff at its longest (its floor
+    rises only after it has not been late for holdoff_factor steps for each rank that has been
+    last, and at most every rank has: `policy.holdoff`). Both sides leave them out of their statistics, on
     the same steps of the schedule, so that the comparison shows a settled pacer."""
     holdoff = min(config.holdoff_max, math.ceil(config.holdoff_factor * ranks))
     return config.warmup_steps + max(config.on_steps, holdoff)
@@ -187,8 +188,8 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
         raise ValueError(
             f"--steps must be >= {need} at {args.ranks} ranks, got {args.steps}: each of the two "
             f"phases of a side needs {settle_steps(config, args.ranks)} steps for its pacer to "
-            f"settle (warm-up, then a holdoff of {config.holdoff_factor:g} steps a rank) and "
-            f"{STATS_STEPS} more for its statistics")
+            f"settle (warm-up, then a holdoff of up to {config.holdoff_factor:g} steps a rank) "
+            f"and {STATS_STEPS} more for its statistics")
     if args.steps % 2:
         raise ValueError(f"--steps must be even (two phases a side, half each), got {args.steps}")
     if not (args.straggle_ms >= 0 and math.isfinite(args.straggle_ms)):

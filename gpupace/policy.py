@@ -49,6 +49,7 @@ class PolicyParams(NamedTuple):
     holdoff_steps: int
     safety_z: float
     warmup_steps: int
+    holdoff_factor: float  # the holdoff per rank that has been last at the site (`holdoff`)
 
     @classmethod
     def from_config(cls, cfg: PaceConfig, n_ranks: int) -> PolicyParams:
@@ -67,6 +68,7 @@ class PolicyParams(NamedTuple):
             holdoff_steps=min(int(cfg.holdoff_max), int(np.ceil(cfg.holdoff_factor * n_ranks))),
             safety_z=safety_z(cfg.overshoot_risk, n_ranks),
             warmup_steps=int(cfg.warmup_steps),
+            holdoff_factor=float(cfg.holdoff_factor),
         )
 
 
@@ -82,6 +84,8 @@ class PolicyState:
     active: np.ndarray  # [S] bool, pacing engaged at the site
     above: np.ndarray  # [S] consecutive steps with spread above threshold
     below: np.ndarray  # [S] consecutive steps with spread below release
+    last_seen: np.ndarray  # [N, S] bool, the rank has been the site's straggler (`holdoff`)
+    n_last: np.ndarray  # [S] ranks that have been the site's straggler (since start or load)
     step: int  # updates done
     # The fused kernel's arguments and output buffers for this state (see `_Plan`).
     plan: _Plan | None = field(default=None, repr=False, compare=False)
@@ -137,6 +141,24 @@ def safety_z(overshoot_risk: float, n_ranks: int) -> float:
     return NormalDist().inv_cdf(1.0 - min(0.5, overshoot_risk / max(n_ranks, 1)))
 
 
+def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
+    """Calm steps a rank needs at each site before its floor may rise: `holdoff_factor` steps
+    for each rank that has been the site's straggler (one at least), at most `holdoff_steps`
+    (factor x N, within holdoff_max). The holdoff keeps a rank that is only sometimes early
+    from being delayed into the straggler: if the last arrival is random over k ranks, each is
+    last about once in k steps, and 5k calm steps leave ~e^-5 of them past it at any step,
+    as 5N did when k was taken to be N. With one persistent straggler, or a slow node's 8
+    GPUs taking turns, k is 1 or 8 and the others are paced after 5 or 40 steps, where 5N
+    meant 20,480 at 4096 ranks. With random stragglers over all N ranks, k after t steps is
+    about N (1 - e^(-t/N)) and 5k stays above t, so above every calm counter, until t is
+    4.97N: the ranks pass about when they did with 5N (bench/sim_holdoff.py, `jitter` at 512
+    ranks: the first delay at step 2557, against 2565 with 5N; throughput -0.0021% and
+    -0.0016% against no pacing, at noise level). Float [S]; a calm counter c passes when
+    c >= it (the same as c >= its ceiling)."""
+    return np.minimum(float(params.holdoff_steps),
+                      params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
+
+
 def init_state(n_ranks: int, n_sites: int) -> PolicyState:
     if n_ranks < 1 or n_sites < 1:
         raise ValueError(f"need at least one rank and one site, got {n_ranks} ranks, {n_sites} sites")
@@ -151,20 +173,26 @@ def init_state(n_ranks: int, n_sites: int) -> PolicyState:
         active=np.zeros(n_sites, dtype=bool),
         above=np.zeros(n_sites, dtype=np.int64),
         below=np.zeros(n_sites, dtype=np.int64),
+        last_seen=np.zeros(shape, dtype=bool, order="F"),
+        n_last=np.zeros(n_sites, dtype=np.int64),
         step=0,
     )
 
 
-LEARNT = ("floor", "calm", "mean", "var", "delay", "active", "above", "below")
+LEARNT = ("floor", "calm", "mean", "var", "delay", "active", "above", "below", "last_seen",
+          "n_last")
 _VIEWED = tuple(name for name in LEARNT if name != "delay")  # an update replaces `delay`
 
 
 def to_fused_layout(state: PolicyState) -> None:
     """Gives `state` the fused kernel's layout in place: Fortran-ordered [N, S] arrays (read
-    as [S, N] without a copy) and int64 calm counters. Arrays already so are kept as they are."""
-    for name in ("floor", "calm", "mean", "var"):
+    as [S, N] without a copy), int64 counters and a bool `last_seen`. Arrays already so are
+    kept as they are."""
+    for name in ("floor", "calm", "mean", "var", "last_seen"):
         setattr(state, name, np.asfortranarray(getattr(state, name)))
     state.calm = state.calm.astype(np.int64, copy=False)
+    state.last_seen = state.last_seen.astype(bool, copy=False)
+    state.n_last = state.n_last.astype(np.int64, copy=False)
 
 
 def resize_state(state: PolicyState, n_sites: int) -> PolicyState:
@@ -310,7 +338,8 @@ def _update_fused(params: PolicyParams, state: PolicyState, wait, delay, step_us
             and plan.rank == rank and plan.floor is state.floor and plan.calm is state.calm
             and plan.mean is state.mean and plan.var is state.var
             and plan.active is state.active and plan.above is state.above
-            and plan.below is state.below):
+            and plan.below is state.below and plan.last_seen is state.last_seen
+            and plan.n_last is state.n_last):
         plan = state.plan = _Plan.make(params, state, rank)
     if not (type(wait) is type(delay) is type(step_us) is np.ndarray
             and wait.shape == delay.shape == plan.shape and step_us.shape == plan.ranks):
@@ -349,6 +378,8 @@ class _Plan:
     active: np.ndarray
     above: np.ndarray
     below: np.ndarray
+    last_seen: np.ndarray
+    n_last: np.ndarray
     shape: tuple[int, int]  # (N, S) of the inputs
     ranks: tuple[int]  # (N,) of the step times
     head: tuple  # the kernel's arguments before the step count
@@ -364,23 +395,24 @@ class _Plan:
         _check_rank(rank, n)
         # The kernel does not check bounds: a state array of another size would have it write
         # past the end of it.
-        sizes = {name: getattr(state, name).shape for name in ("calm", "mean", "var", "active",
-                                                                "above", "below")}
-        if any(shape != ((n, s) if name in ("calm", "mean", "var") else (s,))
-               for name, shape in sizes.items()):
-            raise ValueError(f"a policy state of {n} ranks x {s} sites (its floor) needs calm, "
-                             f"mean and var of {(n, s)} and active, above and below of {(s,)}; "
-                             f"got {sizes}")
+        per_rank = ("calm", "mean", "var", "last_seen")
+        sizes = {name: getattr(state, name).shape
+                 for name in (*per_rank, "active", "above", "below", "n_last")}
+        if any(shape != ((n, s) if name in per_rank else (s,)) for name, shape in sizes.items()):
+            raise ValueError(f"a policy state of {n} ranks x {s} sites (its floor) needs "
+                             f"{', '.join(per_rank)} of {(n, s)} and active, above, below and "
+                             f"n_last of {(s,)}; got {sizes}")
         to_fused_layout(state)
         delay = np.zeros((s, n))
         per_site, valid = np.empty((4, s)), np.empty(n, dtype=bool)
         straggler = np.empty(s, dtype=np.int64)
         head = (np.array(params, dtype=np.float64), state.floor.T, state.calm.T, state.mean.T,
-                state.var.T, state.active, state.above, state.below)
+                state.var.T, state.active, state.above, state.below, state.last_seen.T,
+                state.n_last)
         tail = (delay, valid, per_site, straggler, -1 if rank is None else int(rank))
         return cls(params, rank, state.floor, state.calm, state.mean, state.var, state.active,
-                   state.above, state.below, (n, s), (n,), head, tail, delay.T, per_site,
-                   valid, straggler)
+                   state.above, state.below, state.last_seen, state.n_last, (n, s), (n,), head,
+                   tail, delay.T, per_site, valid, straggler)
 
 
 def _check_rank(rank: int | None, n_ranks: int) -> None:
@@ -450,10 +482,14 @@ def update_reference(
     floor, calm, active = state.floor.copy(), state.calm.copy(), state.active.copy()
     mean, var = state.mean.copy(), state.var.copy()
     above, below = state.above.copy(), state.below.copy()
+    last_seen, n_last = state.last_seen.copy(), state.n_last.copy()
     if not warming and n_valid >= 2:
         # Fast down; up only for a rank that has not been late for the holdoff, so that a rank
         # which is only sometimes early is never delayed into being the straggler.
         calm = np.where(earliness <= params.guard_us, 0, calm + 1)
+        sites = np.arange(s)
+        n_last += ~last_seen[straggler, sites]
+        last_seen[straggler, sites] = True
         # What the estimates learn from: earliness at most OUTLIER_Z standard deviations (and
         # the guard) above the rank's mean. One step in which every other rank waited for a
         # paused one (a checkpoint: earliness 30 s) would otherwise swell the variance, and
@@ -461,7 +497,7 @@ def update_reference(
         first = var < 0
         sd = np.sqrt(np.maximum(var, 0.0))
         e = np.where(first, earliness, np.minimum(earliness, mean + OUTLIER_Z * sd + params.guard_us))
-        rise = np.where(calm >= params.holdoff_steps, params.floor_rise, 0.0)
+        rise = np.where(calm >= holdoff(params, n_last), params.floor_rise, 0.0)
         rate = np.where(e < floor, params.floor_fall, rise)
         floor = floor + rate * (e - floor)
         # Exponentially weighted mean and variance, started at the first sample.
@@ -508,7 +544,7 @@ def update_reference(
 
     new_state = PolicyState(
         floor=floor, calm=calm, mean=mean, var=var, delay=next_delay, active=active, above=above,
-        below=below, step=step_count
+        below=below, last_seen=last_seen, n_last=n_last, step=step_count
     )
     stats = StepStats(
         spread=spread,

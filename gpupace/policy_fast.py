@@ -43,8 +43,8 @@ _F, _I = nt.float64, nt.int64
 # 267 us p50 with the copies, 145 us without, in one interleaved run). Contiguous arrays
 # convert to 'A' for free. The state and outputs are the kernel's own, always contiguous.
 SIGNATURE = (_F[::1], _F[:, ::1], _I[:, ::1], _F[:, ::1], _F[:, ::1], nt.boolean[::1],
-             _I[::1], _I[::1], _I, _F[:, :], _F[:, :], _F[:], _F[:, ::1], nt.boolean[::1],
-             _F[:, ::1], _I[::1], _I)
+             _I[::1], _I[::1], nt.boolean[:, ::1], _I[::1], _I, _F[:, :], _F[:, :], _F[:],
+             _F[:, ::1], nt.boolean[::1], _F[:, ::1], _I[::1], _I)
 
 
 def compile_fused() -> None:
@@ -54,13 +54,13 @@ def compile_fused() -> None:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def fused_update(params, floor, calm, mean, var, active, above, below, step, w, d, step_us,
-                 delay, valid, per_site, straggler, only):
-    """Updates the state (floor, calm, mean, var [S, N]; active, above, below [S]) in place
-    from the measurements (w, d [N, S]; step_us [N]) and fills the outputs (delay [S, N], the
-    next delays; valid [N]; per_site [4, S]: spread, residual, transfer and the lowest w + d,
+def fused_update(params, floor, calm, mean, var, active, above, below, last_seen, n_last, step,
+                 w, d, step_us, delay, valid, per_site, straggler, only):
+    """Updates the state (floor, calm, mean, var, last_seen [S, N]; active, above, below,
+    n_last [S]) in place from the measurements (w, d [N, S]; step_us [N]) and fills the
+    outputs (delay [S, N], the next delays; valid [N]; per_site [4, S]: spread, residual, transfer and the lowest w + d,
     that of the last arrival, from which every rank's earliness follows; straggler [S]).
-    `params`: `PolicyParams` as float64 [14], in its order. With `only` >= 0, the state and
+    `params`: `PolicyParams` as float64 [15], in its order. With `only` >= 0, the state and
     delays of that rank alone (a pacer's own); the other ranks' state rows and delays are not
     written (the caller keeps those delays at 0: zeroing them every step cost ~10 us at
     4096 x 4 on a cold cache). Returns (cap, step + 1). Few arguments, some packed: each one
@@ -69,7 +69,7 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
         params[3], params[4]
     gain, guard_us, max_delay_us, cap_fraction = params[5], params[6], params[7], params[8]
     floor_rise, floor_fall, holdoff_steps = params[9], params[10], params[11]
-    safety_z, warmup_steps = params[12], params[13]
+    safety_z, warmup_steps, holdoff_factor = params[12], params[13], params[14]
     spread, residual, transfer, lowest = per_site[0], per_site[1], per_site[2], per_site[3]
     n, s = w.shape
     # Pass 1, one read of the rows (rank-major: the cost of the update at 4096 ranks): per
@@ -100,6 +100,9 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
         for k in range(s):
             above[k] = above[k] + 1 if spread[k] > threshold_us else 0
             below[k] = below[k] + 1 if spread[k] < release_us else 0
+            last = straggler[k]  # a rank new to the site's stragglers lengthens its holdoff
+            n_last[k] += not last_seen[k, last]
+            last_seen[k, last] = True
             if mode == MODE_PACE:
                 if not active[k] and above[k] >= on_steps:
                     active[k] = True
@@ -125,6 +128,8 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
             lo = lowest[k]
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
+            hold = holdoff_factor * max(n_last[k], 1)  # policy.holdoff
+            hold = hold if hold < holdoff_steps else holdoff_steps
             for i in range(rank_lo, rank_hi):
                 e = w[i, k] + d[i, k] - lo
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
@@ -134,7 +139,7 @@ def fused_update(params, floor, calm, mean, var, active, above, below, step, w, 
                 # Learnt from at most OUTLIER_Z sd (and the guard) above the mean: a pause.
                 top = m + OUTLIER_Z * np.sqrt(v) + guard_us
                 x = e if fresh or e < top else top
-                rate = floor_fall if x < f else (floor_rise if c >= holdoff_steps else 0.0)
+                rate = floor_fall if x < f else (floor_rise if c >= hold else 0.0)
                 f = f + rate * (x - f)
                 diff = 0.0 if fresh else x - m
                 m = x if fresh else m + floor_rise * diff

@@ -15,8 +15,9 @@ Identical to `gpupace.policy.update` (the NumPy reference), for the ranks update
 - validity of a rank's row, earliness E = (w + d) - min (w + d) over valid ranks, spread, the
   straggler (lowest rank on ties), transfer and residual (from the reduction);
 - warm-up (steps <= warmup_steps measure but never learn or pace), the fast-down floor that
-  rises only after `holdoff_steps` calm steps (the calm counter: steps since the rank was within
-  guard_us of the last arrival), the running mean and variance of earliness (rate floor_rise,
+  rises only after the holdoff's calm steps (the calm counter: steps since the rank was within
+  guard_us of the last arrival; the holdoff: `policy.holdoff`, from the ranks that have been
+  each site's straggler, flagged in this program's own [M, N] copy), the running mean and variance of earliness (rate floor_rise,
   variance -1 until the first sample), all three learning from earliness clipped at
   mean + OUTLIER_Z * sd + guard_us, all reset for invalid ranks, the above/below counters and
   the on/off hysteresis, only with two or more valid ranks;
@@ -115,9 +116,9 @@ def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr, sums_ptr, counts_ptr,
     floor_ptr, calm_ptr, mean_ptr, var_ptr, delay_ptr, active_ptr, above_ptr, below_ptr,
-    counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
+    seen_ptr, n_last_ptr, counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
-    rise, fall, holdoff, safety_z, warmup_steps,
+    rise, fall, holdoff, safety_z, warmup_steps, holdoff_factor,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Program p updates rank `rank + p`, from row p of every state buffer: its own counter and
@@ -171,7 +172,17 @@ def _update_kernel(
     act = tl.where(fresh, 0, tl.load(active_ptr + st_off, mask=on, other=0)) != 0
     ab = tl.where(fresh, 0, tl.load(above_ptr + st_off, mask=on, other=0))
     be = tl.where(fresh, 0, tl.load(below_ptr + st_off, mask=on, other=0))
-    # Fast down; up only after `holdoff` steps without being late (within guard of last).
+    # The ranks that have been each site's straggler, a flag a rank in this program's own
+    # copy [M, N], read and set at the straggler alone; their count sets the site's holdoff
+    # (`policy.holdoff`). Flags of sites past the widest count yet were never set.
+    seen_at = seen_ptr + (p * max_sites + sm).to(tl.int64) * n_ranks + strag
+    look = on & (strag >= 0) & ((sm * 0 + learn.to(tl.int32)) != 0)
+    new = look & (tl.load(seen_at, mask=look, other=1) == 0)
+    tl.store(seen_at, new.to(tl.int8), mask=new)
+    n_last = tl.where(fresh, 0, tl.load(n_last_ptr + st_off, mask=on, other=0)) + new.to(tl.int32)
+    hold = tl.minimum(holdoff.to(tl.float32),
+                      holdoff_factor * tl.maximum(n_last, 1).to(tl.float32))
+    # Fast down; up only after the holdoff's steps without being late (within guard of last).
     c = tl.where(learn, tl.where(e <= guard, 0, tl.minimum(c + 1, _CALM_MAX)), c)
     # Exponentially weighted mean and variance of earliness, started at the first sample
     # (var < 0: none yet). The state learns from earliness at most OUTLIER_Z sd (and the
@@ -179,7 +190,7 @@ def _update_kernel(
     first = var < 0.0
     top = mu + _OUTLIER_Z * tl.sqrt(tl.maximum(var, 0.0)) + guard
     x = tl.where(first, e, tl.minimum(e, top))
-    rate = tl.where(x < f, fall, tl.where(c >= holdoff, rise, 0.0))
+    rate = tl.where(x < f, fall, tl.where(c.to(tl.float32) >= hold, rise, 0.0))
     f = tl.where(learn, f + rate * (x - f), f)
     diff = tl.where(first, 0.0, x - mu)
     mu = tl.where(learn, tl.where(first, x, mu + rise * diff), mu)
@@ -199,6 +210,7 @@ def _update_kernel(
     tl.store(active_ptr + st_off, act.to(tl.int32), mask=keep_state)
     tl.store(above_ptr + st_off, ab, mask=keep_state)
     tl.store(below_ptr + st_off, be, mask=keep_state)
+    tl.store(n_last_ptr + st_off, n_last, mask=keep_state)
 
     # Next delays: below the floor and below mean - z sigma (no rank pushed past the last),
     # none for the straggler, a rank's sum over sites within the cap.
@@ -276,15 +288,18 @@ def _update_kernel(
 BLOCK_N = 1024  # ranks a pass of the telemetry record takes
 
 
-def new_state(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, torch.Tensor]:
+def new_state(n_ranks: int, max_sites: int, device: Any = None, *,
+              world_size: int | None = None) -> dict[str, torch.Tensor]:
     """The policy state of `n_ranks` consecutive ranks (one program each; a pacer has its own
-    rank alone): float32 floor, mean, var (-1: no sample yet) and delay, int32 calm and the
-    per-site switch state active, above, below, all [n_ranks, max_sites]; int64 counter
+    rank alone) of `world_size` (default `n_ranks`): float32 floor, mean, var (-1: no sample
+    yet) and delay, int32 calm and the per-site state active, above, below and n_last, all
+    [n_ranks, max_sites]; int8 last_seen [n_ranks, max_sites, world_size]; int64 counter
     [n_ranks, COUNTER_LEN]; and the buffers of the sites' kernels (`spin.py`) that the update
     resets for sites that went: float32 usual [n_ranks, max_sites] (NaN) and int64 stamps
     [n_ranks, max_sites, 3]."""
     f32, i32 = torch.float32, torch.int32
     shape = (n_ranks, max_sites)
+    world = n_ranks if world_size is None else world_size
     return {"floor": torch.zeros(shape, dtype=f32, device=device),
             "calm": torch.zeros(shape, dtype=i32, device=device),
             "mean": torch.zeros(shape, dtype=f32, device=device),
@@ -293,6 +308,8 @@ def new_state(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, tor
             "active": torch.zeros(shape, dtype=i32, device=device),
             "above": torch.zeros(shape, dtype=i32, device=device),
             "below": torch.zeros(shape, dtype=i32, device=device),
+            "n_last": torch.zeros(shape, dtype=i32, device=device),
+            "last_seen": torch.zeros(n_ranks, max_sites, world, dtype=torch.int8, device=device),
             "counter": torch.zeros(n_ranks, COUNTER_LEN, dtype=torch.int64, device=device),
             "usual": torch.full(shape, float("nan"), dtype=f32, device=device),
             "stamps": torch.zeros(n_ranks, max_sites, 3, dtype=torch.int64, device=device)}
@@ -322,6 +339,10 @@ def updater(gathered: torch.Tensor, row: torch.Tensor, red: dict[str, torch.Tens
     if state["counter"].shape != (n_own, COUNTER_LEN):
         raise ValueError(f"state['counter'] must be [{n_own}, {COUNTER_LEN}] (one row a rank "
                          f"updated, as new_state makes it), got {list(state['counter'].shape)}")
+    if state["last_seen"].shape != (n_own, max_sites, n_ranks):
+        raise ValueError(f"state['last_seen'] must be [{n_own}, {max_sites}, {n_ranks}] (a "
+                         f"flag for each rank of the gathered rows: new_state(..., world_size="
+                         f"{n_ranks})), got {list(state['last_seen'].shape)}")
     if not (0 <= rank and rank + n_own <= n_ranks):
         raise ValueError(f"rank must be in [0, {n_ranks - n_own}] for a state of {n_own} "
                          f"rank(s) among {n_ranks}, got {rank}")
@@ -350,13 +371,13 @@ def launch_args(gathered, row, red, state, ring, ring_step, params, *, n_sites: 
         red["valid"], red["n_valid"], red["site"], red["straggler"], red["median"],
         red["sums"], red["counts"],
         state["floor"], state["calm"], state["mean"], state["var"], state["delay"],
-        state["active"], state["above"], state["below"],
+        state["active"], state["above"], state["below"], state["last_seen"], state["n_last"],
         state["counter"], state["usual"], state["stamps"], row, ring, ring_step, ring.shape[0],
         ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
-        float(p.safety_z), int(p.warmup_steps),
+        float(p.safety_z), int(p.warmup_steps), float(p.holdoff_factor),
         max(16, triton.next_power_of_2(int(max_sites))),  # BLOCK_M
         min(BLOCK_N, max(16, triton.next_power_of_2(int(n_ranks)))))  # BLOCK_N
     meta = {"num_warps": 4}

@@ -16,8 +16,9 @@ from gpupace.launch import run_ranks
 
 pytestmark = pytest.mark.timeout(150)
 
-# The holdoff: 4 steps a rank, 12 at 3 ranks, before an early rank's floor may rise.
-CONFIG = PaceConfig(mode="pace", warmup_steps=2, on_steps=1, holdoff_factor=4.0,
+# The holdoff: 8 calm steps for each rank that has been last (rank 2 alone here), before an
+# early rank's floor may rise.
+CONFIG = PaceConfig(mode="pace", warmup_steps=2, on_steps=1, holdoff_factor=8.0,
                     threshold_us=50.0, release_us=10.0)
 LATE_S = 0.02  # rank 2's handicap, every step
 
@@ -58,9 +59,9 @@ def test_a_restarted_job_paces_at_once_from_the_saved_state(tmp_path):
     assert saved["floor"][:2, 0].min() > 1000.0 and saved["floor"][2, 0] < 1000.0
     for early in (0, 1):
         learnt, _, resumed, fresh = results[early]
-        # The warm-up's 2 steps, then held off until its 12th calm step's update lets the
+        # The warm-up's 2 steps, then held off until its 8th calm step's update lets the
         # floor rise, then paced (on most steps: a loaded VM can hold an early rank back).
-        assert max(learnt[:2 + 11]) == 0.0 and np.median(learnt[-4:]) > 1000.0, learnt
+        assert max(learnt[:2 + 7]) == 0.0 and np.median(learnt[-4:]) > 1000.0, learnt
         # Resumed: the warm-up's 2 steps again, then paced at once; afresh: held off.
         assert resumed[:2] == [0.0, 0.0] and np.median(resumed[2:]) > 1000.0, resumed
         assert fresh == [0.0] * 6, fresh
@@ -171,6 +172,8 @@ def _saved(world: int = 2, sites: int = 1) -> dict:
     (lambda s: s["mean"].fill_(float("nan")), "'mean' holds values that no pacer saves"),
     (lambda s: s["floor"].fill_(-1.0), "'floor' holds values that no pacer saves"),
     (lambda s: s["var"].fill_(-2.0), "'var' holds values below -1"),
+    (lambda s: s.update(n_last=torch.tensor([-1])), "'n_last' holds values that no pacer saves"),
+    (lambda s: s.update(n_last=torch.ones(2, 1)), "'n_last' must be a tensor of shape (1,)"),
 ])
 def test_a_state_no_pacer_of_this_job_saved_is_refused_saying_why(change, message):
     saved = _saved()
@@ -185,6 +188,15 @@ def test_a_state_of_more_sites_than_max_sites_keeps_the_first_and_none_is_no_sta
     out = checkpoint.unpack(_saved(sites=5), world_size=2, max_sites=3)
     assert out["floor"].shape == (2, 3) and out["active"].shape == (3,)
     assert checkpoint.unpack({**_saved(), "sites": 0}, world_size=2, max_sites=3) is None
+
+
+def test_a_state_saved_before_n_last_was_kept_loads_with_the_holdoff_of_its_day():
+    """States saved before 2026-12-01 hold no 'n_last' (`_saved`): every rank is taken for a
+    past straggler, so that the holdoff stays holdoff_factor x N, as when they were saved."""
+    assert checkpoint.unpack(_saved(sites=3), world_size=2, max_sites=2)["n_last"].tolist() \
+        == [2, 2]
+    saved = {**_saved(sites=2), "n_last": torch.tensor([1, 0])}
+    assert checkpoint.unpack(saved, world_size=2, max_sites=8)["n_last"].tolist() == [1, 0]
 
 
 def test_a_single_rank_pacer_saves_and_loads_without_a_process_group():

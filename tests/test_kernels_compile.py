@@ -125,7 +125,8 @@ def test_update_kernel_compiles_for_hopper(hopper, n, own):
     m = 64
     ring = zeros(256, update.record_len(n, m))
     _, args, meta = update.launch_args(
-        zeros(n, 2 + 2 * m), zeros(2 + 2 * m), reduce.outputs(n, m), update.new_state(own, m),
+        zeros(n, 2 + 2 * m), zeros(2 + 2 * m), reduce.outputs(n, m),
+        update.new_state(own, m, world_size=n),
         ring, zeros(256, dtype=torch.int64), p, n_sites=1, rank=0)
     kernel = compile(update._update_kernel, *args, **meta)
     assert kernel.asm.get("cubin")

@@ -26,7 +26,7 @@ class DeviceSide:
 
     def __init__(self, k, n: int, m: int, rank: int = 0, ring_len: int = 8, alone: bool = False):
         self.k, self.n, self.m, self.rank = k, n, m, rank if alone else 0
-        self.state = k["update"].new_state(1 if alone else n, m)
+        self.state = k["update"].new_state(1 if alone else n, m, world_size=n)
         self.ring = torch.full((ring_len, k["update"].record_len(n, m)), float("nan"))
         self.ring_step = torch.full((ring_len,), -1, dtype=torch.int64)
         self.row = torch.zeros(2 + 2 * m)
@@ -60,10 +60,12 @@ def compare(dev: DeviceSide, state: policy.PolicyState, n_sites: int):
             np.testing.assert_allclose(s[key][:, :n_sites].numpy(), getattr(state, key)[r],
                                        rtol=1e-4, atol=2e-2)
     np.testing.assert_allclose(s["delay"][:, :n_sites].numpy(), state.delay[r], rtol=1e-4, atol=2e-3)
-    for key in ("active", "above", "below"):  # each program's copy of the switch state
+    for key in ("active", "above", "below", "n_last"):  # each program's copy of the site's
         got = s[key][:, :n_sites].numpy()
         np.testing.assert_array_equal(got.astype(bool) if key == "active" else got,
                                       np.broadcast_to(getattr(state, key), got.shape))
+    seen = s["last_seen"][:, :n_sites].numpy().astype(bool)  # [programs, sites, ranks]
+    np.testing.assert_array_equal(seen, np.broadcast_to(state.last_seen.T, seen.shape))
     assert (s["counter"][:, 1] == state.step).all()
     assert (s["delay"][:, n_sites:] == 0).all()
 

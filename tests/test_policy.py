@@ -13,6 +13,7 @@ from gpupace.policy import (
     Controller,
     PolicyParams,
     deadline_delay,
+    holdoff,
     init_state,
     oracle_delays,
     resize_state,
@@ -256,7 +257,7 @@ any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 7), s=st.integers(1, 3), steps=st.integers(1, 15), data=st.data(),
        mode=st.sampled_from(["pace", "observe", "off"]), warmup=st.integers(0, 3),
-       holdoff=st.sampled_from([0.0, 1.0, 5.0]))
+       holdoff=st.sampled_from([0.0, 0.5, 1.0, 5.0]))
 def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup, holdoff):
     """The fused Numba loop, in place on one state as the host backend and the simulator run
     it (its plan reused from step to step, or remade when the updated rank changes), against
@@ -285,7 +286,8 @@ def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup
             np.testing.assert_allclose(got(a, name), got(b, name), rtol=1e-12,
                                        atol=1e-9, err_msg=name)
         assert a.cap_us == pytest.approx(b.cap_us)
-        for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
+        for name in ("floor", "calm", "mean", "var", "above", "below", "last_seen", "n_last",
+                     "step"):
             np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
                                        err_msg=name)
         # Earliness from the inputs against the kernel's own extremes: the spread is its max.
@@ -364,7 +366,7 @@ def test_fused_update_equals_the_reference_at_scale_with_broken_rows(rank):
     rng = np.random.default_rng(7 if rank is None else rank)
     n, s = 300, 3
     params = PolicyParams.from_config(PaceConfig(mode="pace", warmup_steps=1, on_steps=1,
-                                                 holdoff_factor=0.0, threshold_us=50.0,
+                                                 holdoff_factor=0.2, threshold_us=50.0,
                                                  release_us=10.0), n)
     fast, ref = init_state(n, s), init_state(n, s)
     paced = False
@@ -383,7 +385,8 @@ def test_fused_update_equals_the_reference_at_scale_with_broken_rows(rank):
             np.testing.assert_allclose(got(a, name), got(b, name), rtol=1e-12,
                                        atol=1e-9, err_msg=f"{name}, step {step}")
         assert a.cap_us == pytest.approx(b.cap_us)
-        for name in ("floor", "calm", "mean", "var", "above", "below", "step"):
+        for name in ("floor", "calm", "mean", "var", "above", "below", "last_seen", "n_last",
+                     "step"):
             np.testing.assert_allclose(getattr(fast, name), getattr(ref, name), rtol=1e-12,
                                        err_msg=f"{name}, step {step}")
         paced |= bool((b.delay > 0).any())
@@ -532,7 +535,7 @@ def test_a_state_with_arrays_of_another_size_is_refused_before_the_kernel_runs()
     params = PolicyParams.from_config(PACE, 8)
     state = init_state(8, 3)
     state.active = np.zeros(1, dtype=bool)
-    with pytest.raises(ValueError, match=r"active, above and below of \(3,\)"):
+    with pytest.raises(ValueError, match=r"active, above, below and n_last of \(3,\)"):
         update_in_place(params, state, np.ones((8, 3)), np.zeros((8, 3)), np.full(8, 2e4),
                         rank=0)
 
@@ -678,7 +681,8 @@ def test_a_step_of_fewer_sites_updates_those_and_keeps_the_others(fused, monkeyp
         want, _ = update_reference(params, head, w, d, st_us)
         pol.update_leading(params, state, w, d, st_us)
         assert state.step == before.step + 1 and state.shape == (4, 3)
-        for k in ("floor", "calm", "mean", "var", "active", "above", "below", "delay"):
+        for k in ("floor", "calm", "mean", "var", "active", "above", "below", "last_seen",
+                  "n_last", "delay"):
             np.testing.assert_allclose(getattr(state, k)[..., :n], getattr(want, k),
                                        rtol=1e-12, err_msg=f"{k} at {n} sites")
             if k != "delay":  # past the step's sites: untouched
@@ -724,7 +728,8 @@ def test_a_step_of_fewer_sites_on_a_state_of_any_layout_or_rank(case):
                            step=state.step)
     want, want_stats = update_reference(params, head, w, applied, st_us, rank=lead_rank)
     stats = pol.update_leading(params, state, w, d, st_us, rank=lead_rank)
-    for k in ("floor", "calm", "mean", "var", "active", "above", "below", "delay"):
+    for k in ("floor", "calm", "mean", "var", "active", "above", "below", "last_seen",
+                  "n_last", "delay"):
         np.testing.assert_allclose(getattr(state, k)[..., :2], getattr(want, k), err_msg=k)
     np.testing.assert_allclose(stats.earliness(), want_stats.earliness())
     if case == "rank changes":  # back to rank 1 at full width: the others' delays are 0
@@ -750,15 +755,63 @@ def _early_rank_zero(calm_break_at=None, steps=10):
     return [late if k == calm_break_at else w for k in range(steps)]
 
 
-@pytest.mark.parametrize("calm_break_at,first_delay", [(None, 4), (2, 7)])
-def test_a_rank_is_delayed_only_after_its_holdoff_on_time(calm_break_at, first_delay):
-    """holdoff_factor 1 at 4 ranks: 4 steps. Rank 0's floor rises (and it is delayed) only from
-    its 4th step on time; a step in which it is last starts the count again."""
-    cfg = PACE.replace(holdoff_factor=1.0, guard_us=0.0)
-    assert PolicyParams.from_config(cfg, 4).holdoff_steps == 4
+@pytest.mark.parametrize("calm_break_at,delayed", [(None, list(range(2, 11))),
+                                                    (2, [2, *range(7, 11)])])
+def test_a_rank_is_delayed_only_after_its_holdoff_on_time(calm_break_at, delayed):
+    """holdoff_factor 2: 2 calm steps for each rank that has been last. Rank 3 alone last:
+    rank 0's floor rises (and it is delayed) from its 2nd step on time. A step in which rank 0
+    is last starts its count again, and two ranks have been last then: 4 steps."""
+    cfg = PACE.replace(holdoff_factor=2.0, guard_us=0.0)
+    assert PolicyParams.from_config(cfg, 4).holdoff_steps == 8  # the bound, 2 x 4 ranks
     stats = run(cfg, _early_rank_zero(calm_break_at))
-    delayed = [k + 1 for k, s in enumerate(stats) if s.delay[0, 0] > 0]  # updates done
-    assert delayed[0] == first_delay and delayed == list(range(first_delay, 11)), delayed
+    assert [k + 1 for k, s in enumerate(stats) if s.delay[0, 0] > 0] == delayed  # updates done
+
+
+def test_the_holdoff_grows_with_the_ranks_that_take_turns_last_up_to_its_bound():
+    """Per site, `n_last` counts the ranks that have been the straggler, each once; the
+    holdoff is holdoff_factor steps each, within holdoff_factor x N and holdoff_max."""
+    n = 6
+    order = [5, 5, 4, 5, 3, 4, 2, 1, 0, 0]  # the straggler at each step, site 0; site 1: rank 5
+    params = PolicyParams.from_config(PACE.replace(holdoff_factor=3.0), n)
+    state = init_state(n, 2)
+    counts = []
+    for last in order:
+        w = np.full((n, 2), 400.0)
+        w[last, 0] = 0.0
+        w[5, 1] = 0.0
+        state, _ = update(params, state, w, np.zeros((n, 2)), np.full(n, 1e4))
+        counts.append(state.n_last.tolist())
+    assert [c[0] for c in counts] == [1, 1, 2, 2, 3, 3, 4, 5, 6, 6]
+    assert [c[1] for c in counts] == [1] * len(order)
+    assert state.last_seen[:, 1].tolist() == [False] * 5 + [True]
+    assert holdoff(params, state.n_last).tolist() == [18.0, 3.0]  # 3 x 6 ranks: the bound
+    capped = PolicyParams.from_config(PACE.replace(holdoff_factor=3.0, holdoff_max=10), n)
+    assert holdoff(capped, state.n_last).tolist() == [10.0, 3.0]
+    assert holdoff(params, np.zeros(1, dtype=np.int64)).tolist() == [3.0]  # none yet: one
+
+
+@pytest.mark.parametrize("stragglers", ["persistent", "random"])
+def test_the_holdoff_paces_a_persistent_stragglers_peers_at_once_and_random_ones_after_5n(
+        stragglers):
+    """64 ranks, one site, the last arrival rank 0 at every step or a random rank. Persistent:
+    one rank counted last, a holdoff of 5 steps. Random: after t steps about N (1 - e^(-t/N))
+    ranks have been last and 5 steps each stay above t, so above every calm counter, until t
+    is about 5N (4.97N): no rank is delayed before about that, as with a holdoff of 5N."""
+    n = 64
+    params = PolicyParams.from_config(PACE.replace(holdoff_factor=5.0), n)
+    rng = np.random.default_rng(0)
+    state = init_state(n, 1)
+    delayed = []
+    for _ in range(7 * n):
+        w = np.full((n, 1), 500.0)
+        w[0 if stragglers == "persistent" else rng.integers(n), 0] = 0.0
+        delayed.append(bool((update_in_place(params, state, w, np.zeros((n, 1)),
+                                             np.full(n, 1e4)).delay > 0).any()))
+    first = delayed.index(True) + 1 if any(delayed) else None  # updates done
+    if stragglers == "persistent":
+        assert state.n_last.tolist() == [1] and first == 5
+    else:
+        assert state.n_last.tolist() == [n] and (first is None or first >= 4.5 * n), first
 
 
 def test_a_noisy_early_rank_is_delayed_no_further_than_its_mean_less_z_sd():

@@ -232,6 +232,19 @@ def test_random_stragglers_cost_no_throughput_at_512_ranks():
     assert paced["throughput"] >= none["throughput"] * (1 - 1e-4), (paced, none)
 
 
+def test_a_persistent_stragglers_peers_are_paced_within_tens_of_steps_at_512_ranks():
+    """The holdoff counts the ranks that have been last (`policy.holdoff`): with one node's
+    GPUs always last (`locality`), one rank per site, 5 steps. Under the rule before
+    2026-12-01, 5 steps a rank of the job, no rank of 512 could be delayed before step 2568."""
+    sc = presets.locality(64)
+    res = simulate(sc, "gpupace", steps=60, seed=0)
+    assert res.extra["n_last"].tolist() == [1] * sc.buckets
+    delayed = res.delay_us > 0
+    first = int(np.flatnonzero(delayed.any(axis=1))[0])
+    assert first <= 20 and delayed[-10:].any(axis=0).mean() > 0.5, (first, delayed.mean())
+    assert policy_start_step(PaceConfig(mode="pace"), sc.ranks, res.extra["n_last"]) == 8 + 5
+
+
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_it_starts():
     sc = presets.quiet(4096)
     with pytest.raises(ValueError, match=r"10,000,000 steps x 32,768 ranks need 2,442.5 GiB"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -150,16 +151,22 @@ def test_telemetry_at_a_path_that_holds_a_file_keeps_that_file(tmp_path, capsys)
 
 
 def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
-    """At 64 nodes (512 ranks) a rank is delayed only after 2560 steps on time (the holdoff):
-    in a run of 200 steps, whose second half is measured, gpupace's row there shows the
-    policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 48 steps)."""
+    """A rank is delayed only after the holdoff, 5 steps on time for each rank that has been
+    last. With random stalls (`jitter`) at 64 nodes (512 ranks) about 150 ranks have been last
+    by step 200: in a run of 200 steps, whose second half is measured, gpupace's row there
+    shows the policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 48
+    steps at most), and asks for steps enough for the longest holdoff (5 x 512). With one
+    node's ranks always last (`locality`) the holdoff is 5 steps: no note."""
     js = tmp_path / "t.json"
-    assert main(["simulate", "--preset", "quiet", "--nodes", "1,64", "--steps", "200",
+    assert main(["simulate", "--preset", "jitter", "--nodes", "1,64", "--steps", "200",
                  "--json", str(js)]) == 0
     note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
-    assert len(note) == 1 and "(100 on): 64 node(s) 0%." in note[0], note
+    assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(from step \d{3}\)\.",
+                                         note[0]), note
     assert "Use --steps 5336 or more" in note[0]
     assert json.loads(js.read_text())["notes"] == note
+    assert main(["simulate", "--preset", "locality", "--nodes", "64", "--steps", "200"]) == 0
+    assert "could delay ranks" not in capsys.readouterr().out
 
 
 def test_the_locality_preset_needs_two_gpus_per_node(capsys):

@@ -142,7 +142,8 @@ class DeviceEngine:
         self.gathered = torch.zeros(n, r, dtype=f32, **z)
         self.clk = torch.zeros(2, dtype=i64, **z)
         self.red = reduce.outputs(n, m, dev)
-        self.state = update.new_state(1, m, dev)  # this rank's alone, as the host engine's
+        # this rank's alone, as the host engine's
+        self.state = update.new_state(1, m, dev, world_size=n)
         # the sites' kernels' buffers, views of the state's (the update resets sites that went)
         self.stamps, self.usual = self.state["stamps"][0], self.state["usual"][0]
         self.ring_len = max(int(ring_len), 2 * COPY_EVERY)
@@ -481,7 +482,7 @@ class DeviceEngine:
         if self._cuda:
             torch.cuda.synchronize(self.device)
         state = self.state
-        for name in ("delay", *checkpoint.FIELDS):
+        for name in ("delay", "last_seen", *checkpoint.FIELDS):
             state[name][0].fill_(-1.0 if name == "var" else 0)
         n = 0
         if saved is not None:

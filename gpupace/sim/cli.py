@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..cli import check_output_file
 from ..config import PaceConfig
 from ..telemetry import make_header
@@ -218,11 +220,14 @@ def run(args: argparse.Namespace) -> int:
 
     keep_last: dict[str, SimResult] = {}
     written: list[str] = []
+    n_last: dict[int, np.ndarray] = {}  # each gpupace run's stragglers counted, per site
 
     def kept(path: Path, aside: Path) -> None:
         print(f"telemetry: {path} already held a run: kept it as {aside}", file=sys.stderr)
 
     def on_result(res: SimResult) -> None:
+        if res.policy == "gpupace":
+            n_last[res.scenario.nodes] = res.extra["n_last"]
         if tel is None:
             return
         if "{nodes}" in tel or "{policy}" in tel:
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{title}, {args.gpus_per_node} GPUs per node, {args.steps} steps, seed {args.seed}"
           f" ({time.perf_counter() - t0:.1f} s)")
     print(format_table(rows))
-    late = policy_too_late(nodes, args.gpus_per_node, args.steps)
+    late = policy_too_late(nodes, args.gpus_per_node, args.steps, n_last)
     if late:
         print(late)
     if name == "paper":
@@ -294,23 +299,29 @@ def with_coupling(make: Callable[[int], Scenario], collective: float,
     return lambda n: make(n).replace(coupling=collective, paced_coupling=spin)
 
 
-def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int) -> str | None:
+def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int,
+                    n_last: dict[int, np.ndarray] | None = None) -> str | None:
     """A note when, at some node counts, the gpupace policy could act in less than 90% of the
     measured steps (the second half): before `policy_start_step` it delays nobody, so its rows
-    there show little or nothing of it."""
+    there show little or nothing of it. `n_last`: per node count, the ranks its gpupace run
+    counted last at each site (the holdoff it reached); without it, the longest holdoff."""
     cfg = PaceConfig(mode="pace")  # what `simulate` runs
+    n_last = n_last or {}
     measured = steps - steps // 2
-    acting = {n: min(1.0, max(0.0, (steps - policy_start_step(cfg, n * gpus_per_node)) / measured))
-              for n in nodes}
+    start = {n: policy_start_step(cfg, n * gpus_per_node, n_last.get(n)) for n in nodes}
+    acting = {n: min(1.0, max(0.0, (steps - start[n]) / measured)) for n in nodes}
     late = [n for n, f in acting.items() if f < 0.9]
     if not late:
         return None
+    # The holdoff grows as more ranks take their turn last: the longest it can be, to be sure.
     need = policy_start_step(cfg, max(late) * gpus_per_node)
-    shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}%" for n in late)
+    shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}% (from step {start[n]})"
+                       for n in late)
     return (f"note: the gpupace policy could delay ranks in only part of the measured steps "
             f"({steps // 2} on): {shares}. A rank is delayed only once it has been on time for "
-            f"the holdoff, 5 steps per rank, so gpupace's rows there show little "
-            f"of it. Use --steps {2 * need + 200} or more.")
+            f"the holdoff, 5 steps for each rank that has been last at the site (up to 5 per "
+            f"rank), so gpupace's rows there show little of it. Use --steps {2 * need + 200} "
+            f"or more.")
 
 
 def no_coupling_note(name: str) -> str:

@@ -79,9 +79,9 @@ class SimResult:
 
     def summary(self, skip: int | None = None) -> dict[str, Any]:
         """Steady-state figures over steps `skip..` (default: the second half). Throughput in
-        samples/s. The policy delays a rank only after its warm-up and the holdoff (5 steps per
-        rank by default: `policy_start_step`); a run of fewer than twice that many steps shows
-        none of its delays in the second half."""
+        samples/s. The policy delays a rank only after its warm-up and the holdoff (5 steps
+        for each rank that has been last at the site, up to 5 per rank: `policy_start_step`);
+        a run of fewer than twice that many steps shows none of its delays in the second half."""
         skip = self.steps // 2 if skip is None else skip
         st = self.step_us[skip:]
         st = st[np.isfinite(st)]
@@ -172,11 +172,14 @@ def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None,
             f"the {have / 2**30:,.1f} GiB this process may use; use fewer steps or ranks")
 
 
-def policy_start_step(config: PaceConfig, n_ranks: int) -> int:
+def policy_start_step(config: PaceConfig, n_ranks: int, n_last: np.ndarray | None = None) -> int:
     """The first step at which the gpupace policy can delay a rank of `n_ranks`: past its
-    warm-up and on-steps, a rank's floor rises only once it has been on time for the holdoff."""
+    warm-up and on-steps, a rank's floor rises only once it has been on time for the holdoff
+    (`gpupace.policy.holdoff`): its longest with `n_last` ranks counted last at each site (a
+    gpupace run's `extra["n_last"]`, at its end), else the longest it can grow to."""
     p = pol.PolicyParams.from_config(config, n_ranks)
-    return int(p.warmup_steps + p.on_steps + p.holdoff_steps)
+    hold = p.holdoff_steps if n_last is None else math.ceil(pol.holdoff(p, n_last).max())
+    return int(p.warmup_steps + p.on_steps + hold)
 
 
 def simulate(
@@ -282,4 +285,5 @@ def simulate(
         spread_us=out_spread, active=out_active, earliness_us=out_early, delay_us=out_delay,
         regime=out_regime, contention=out_cont, slow_ranks=slow, site_wait_us=site_w,
         site_delay_us=site_d, elapsed_s=time.perf_counter() - t0, policy_s=t_policy,
+        extra={"n_last": state.n_last.copy()} if policy == "gpupace" else {},
     )

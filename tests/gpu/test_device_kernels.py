@@ -183,6 +183,10 @@ def test_update_kernel_on_device_matches_policy(n, m, n_sites, cap_fraction):
     np.testing.assert_array_equal(state["active"][:, :n_sites].cpu().numpy().astype(bool),
                                   np.broadcast_to(ref.active, (n, n_sites)))
     np.testing.assert_array_equal(state["calm"][:, :n_sites].cpu().numpy(), ref.calm)
+    np.testing.assert_array_equal(state["n_last"][:, :n_sites].cpu().numpy(),
+                                  np.broadcast_to(ref.n_last, (n, n_sites)))
+    seen = state["last_seen"][:, :n_sites].cpu().numpy().astype(bool)  # [programs, sites, ranks]
+    np.testing.assert_array_equal(seen, np.broadcast_to(ref.last_seen.T, seen.shape))
 
 
 def test_enter_exit_on_device():
