@@ -75,7 +75,7 @@ class PaceConfig:
     pass it now and then). Measured in the simulator (bench/sim_holdoff.py, 2026-12-01): one
     node's GPUs always last, the first delay came at step 10 at 64, 512 and 4096 ranks (a
     holdoff of 5N, the rule until then: after 328, 2568 and 20,488 steps); random stalls on any
-    of 512 ranks, at step 2557 (5N: 2565)."""
+    of 512 ranks, at step 2557 (5N: 2565, the code of 60917ff, one-off)."""
 
     holdoff_max: int | None = None
     """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A

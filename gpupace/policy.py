@@ -152,9 +152,9 @@ def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
     meant 20,480 at 4096 ranks. With random stragglers over all N ranks, k after t steps is
     about N (1 - e^(-t/N)) and 5k stays above t, so above every calm counter, until t is
     4.97N: the ranks pass about when they did with 5N (bench/sim_holdoff.py, `jitter` at 512
-    ranks: the first delay at step 2557, against 2565 with 5N; throughput -0.0021% and
-    -0.0016% against no pacing, at noise level). Float [S]; a calm counter c passes when
-    c >= it (the same as c >= its ceiling)."""
+    ranks: the first delay at step 2557, against 2565 with 5N in a one-off run of the code of
+    60917ff; throughput -0.0021% and -0.0016% against no pacing, at noise level).
+    Float [S]; a calm counter c passes when c >= it (the same as c >= its ceiling)."""
     return np.minimum(float(params.holdoff_steps),
                       params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
 
