@@ -145,6 +145,7 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
 
     from gpupace.kernels import stamp
     from gpupace.kernels.clock import use_clock
+    from gpupace.kernels.launch import COMPILE_OPTIONS
 
     dev = torch.device("cuda", torch.cuda.current_device())
     m, site = 4, 1  # an engine's buffers (spin.py's layout), the second site
@@ -154,7 +155,8 @@ def measure(launches: int = 200, windows: int = 15) -> dict:
     one = torch.zeros(1, device=dev)
     clock = use_clock(None)
     stream = torch.cuda.current_stream(dev).cuda_stream
-    compiled = stamp._exit_kernel[(1,)](row, stamps, clk, site, USE_CLOCK=clock, num_warps=1)
+    compiled = stamp._exit_kernel[(1,)](row, stamps, clk, site, USE_CLOCK=clock, num_warps=1,
+                                        **COMPILE_OPTIONS)
     out: dict = {"triton": triton.__version__, "launches_per_window": launches}
     ways = {"jit_exit_stamp": lambda: stamp.exit_stamp(row, stamps, clk, site),
             "torch_add_1_element": lambda: one.add_(1.0),

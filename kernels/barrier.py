@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .clock import now, stamp_now, use_clock
+from .launch import COMPILE_OPTIONS
 from .spin import MIN_READ_NS
 
 
@@ -61,4 +62,5 @@ def barrier(count: torch.Tensor, target: int, flag: torch.Tensor, clk: torch.Ten
         max_polls = timeout_ns // MIN_READ_NS + 1000
     max_polls = min(max(int(max_polls), 0), 2**31 - 1)
     _barrier_kernel[(int(ctas),)](count, int(target), timeout_ns, max_polls, flag, clk,
-                                  int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=warps)
+                                  int(fake_tick), USE_CLOCK=use_clock(clock), num_warps=warps,
+                                  **COMPILE_OPTIONS)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import COMPILE_OPTIONS
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
@@ -85,7 +87,8 @@ def read_clock(out: torch.Tensor, *, clock: bool | None = None, fake_tick: int =
     On the clock-free path `out[0]` holds the start time and reads advance by `fake_tick`."""
     if out.dtype != torch.int64 or out.dim() != 1 or out.numel() < 1:
         raise ValueError(f"out must be a 1-d int64 tensor, got {out.dtype} of shape {tuple(out.shape)}")
-    _clock_kernel[(1,)](out, out.numel(), fake_tick, USE_CLOCK=use_clock(clock), num_warps=1)
+    _clock_kernel[(1,)](out, out.numel(), fake_tick, USE_CLOCK=use_clock(clock), num_warps=1,
+                        **COMPILE_OPTIONS)
     return out
 
 
@@ -209,6 +212,6 @@ def sm_offsets(programs: int | None = None, rounds: int = 16, max_polls: int = 2
     out = torch.zeros(programs, rounds, 3, dtype=torch.int64, device=dev)
     sm = torch.zeros(programs, dtype=torch.int32, device=dev)
     _offsets_kernel[(programs,)](flags, out, sm, rounds, max_polls, fake_tick,
-                                 USE_CLOCK=use_clock(clock), num_warps=1)
+                                 USE_CLOCK=use_clock(clock), num_warps=1, **COMPILE_OPTIONS)
     offset, trip = offsets_from(out.cpu().numpy())
     return {"sm": sm.cpu().numpy(), "offset_ns": offset, "round_trip_ns": trip}

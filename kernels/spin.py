@@ -36,7 +36,7 @@ import triton.language as tl
 from gpupace.policy import ARRIVAL_RATE
 
 from .clock import now, sleep_ns, stamp_now, use_clock
-from .launch import Hot, site_launcher
+from .launch import COMPILE_OPTIONS, Hot, site_launcher
 
 # A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
 # but the device never spins longer than this.
@@ -150,7 +150,7 @@ def spin(delay: torch.Tensor, applied: torch.Tensor, reads: torch.Tensor, clk: t
                          f"got {backoff_ns!r}")
     _spin_kernel[(1,)](delay, applied, reads, clk, float(cap_us), n, int(fake_tick),
                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
-                       BACKOFF=int(backoff_ns), num_warps=1)
+                       BACKOFF=int(backoff_ns), num_warps=1, **COMPILE_OPTIONS)
 
 
 def skew_spin(skew: torch.Tensor, start: torch.Tensor, applied: torch.Tensor,
@@ -170,7 +170,7 @@ def skew_spin(skew: torch.Tensor, start: torch.Tensor, applied: torch.Tensor,
                          f"{tuple(start.shape)}")
     _skew_kernel[(1,)](skew, start, applied, reads, clk, float(cap_us), n, int(fake_tick),
                        USE_CLOCK=use_clock(clock), HARD_CAP=HARD_CAP_US, HARD_READS=HARD_MAX_READS,
-                       num_warps=1)
+                       num_warps=1, **COMPILE_OPTIONS)
 
 
 def enter(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps: torch.Tensor,
@@ -203,5 +203,5 @@ def enterer(delay: torch.Tensor, usual: torch.Tensor, row: torch.Tensor, stamps:
     hot = Hot(_enter_kernel, (1,),
               [delay, usual, row, stamps, clk, 0, int(delay_offset), m, float(cap_us),
                float(rate), n, int(fake_tick), use_clock(clock), HARD_CAP_US, HARD_MAX_READS],
-              free=5, meta={"num_warps": 1})
+              free=5, meta={"num_warps": 1, **COMPILE_OPTIONS})
     return site_launcher(hot, m)

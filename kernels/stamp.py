@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from .clock import stamp_now, use_clock
-from .launch import Hot, site_launcher
+from .launch import COMPILE_OPTIONS, Hot, site_launcher
 
 
 @triton.jit(do_not_specialize=["slot"])
@@ -68,7 +68,8 @@ def stamp(out: torch.Tensor, slot: int, clk: torch.Tensor, *, clock: bool | None
     the virtual clock `clk[1]`."""
     if not 0 <= slot < out.numel():
         raise ValueError(f"slot must be in [0, {out.numel()}), got {slot}")
-    _stamp_kernel[(1,)](out, int(slot), clk, USE_CLOCK=use_clock(clock), num_warps=1)
+    _stamp_kernel[(1,)](out, int(slot), clk, USE_CLOCK=use_clock(clock), num_warps=1,
+                        **COMPILE_OPTIONS)
 
 
 def exit_stamp(row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor, site: int, *,
@@ -85,7 +86,7 @@ def exit_stamper(row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor, *,
     launches after the first skip the JIT (`launch.Hot`)."""
     m = stamps.shape[0]
     hot = Hot(_exit_kernel, (1,), [row, stamps, clk, 0, use_clock(clock)], free=3,
-              meta={"num_warps": 1})
+              meta={"num_warps": 1, **COMPILE_OPTIONS})
     return site_launcher(hot, m)
 
 
@@ -105,4 +106,4 @@ def row_finisher(row: torch.Tensor, stamps: torch.Tensor, clk: torch.Tensor) -> 
     if row.numel() != 2 + 2 * m:
         raise ValueError(f"row must hold 2 + 2 x {m} values, got {row.numel()}")
     return Hot(_finish_kernel, (1,), [row, stamps, clk, m, max(16, triton.next_power_of_2(m))],
-               free=None, meta={"num_warps": 1})
+               free=None, meta={"num_warps": 1, **COMPILE_OPTIONS})

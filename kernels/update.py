@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import Hot
+from .launch import COMPILE_OPTIONS, Hot
 
 MODE_PACE = 2  # gpupace.policy.MODE_PACE; kernels do not import the library
 OUTLIER_Z = 4.0  # gpupace.policy.OUTLIER_Z
@@ -380,5 +380,5 @@ def launch_args(gathered, row, red, state, ring, ring_step, params, *, n_sites: 
         float(p.safety_z), int(p.warmup_steps), float(p.holdoff_factor),
         max(16, triton.next_power_of_2(int(max_sites))),  # BLOCK_M
         min(BLOCK_N, max(16, triton.next_power_of_2(int(n_ranks)))))  # BLOCK_N
-    meta = {"num_warps": 4}
+    meta = {"num_warps": 4, **COMPILE_OPTIONS}
     return (state["floor"].shape[0],), args, meta

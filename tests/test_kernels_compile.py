@@ -42,12 +42,14 @@ def hopper():
 
     mods = {name: importlib.import_module(f"gpupace.kernels.{name}")
             for name in ("clock", "spin", "stamp", "barrier", "update")}
+    launch = importlib.import_module("gpupace.kernels.launch")
     if not isinstance(mods["clock"]._clock_kernel, JITFunction):  # loaded under the interpreter
         mods = {name: importlib.reload(m) for name, m in mods.items()}
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
 
     def compile(fn, *args, **kwargs):
+        kwargs = {**launch.COMPILE_OPTIONS, **kwargs}  # as every launch of the kernels
         kwargs.setdefault("debug", False)
         for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):  # as run() adds them
             if hasattr(knobs.compilation, knob):
@@ -131,6 +133,7 @@ def test_update_kernel_compiles_for_hopper(hopper, n, own):
     kernel = compile(update._update_kernel, *args, **meta)
     assert kernel.asm.get("cubin")
     assert kernel.metadata.num_warps == meta["num_warps"]
+    assert kernel.metadata.enable_fp_fusion is True  # pinned (launch.COMPILE_OPTIONS)
     # no local memory: nothing spilled, no register array indexed at run time
     assert ".local" not in kernel.asm["ptx"], "the update kernel spills"
 
