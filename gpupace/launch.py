@@ -24,6 +24,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -254,6 +255,9 @@ def _exit_on_termination() -> Iterator[None]:
         yield
         return
     def stop(signum, _frame):
+        # Said, so that the exit status (128 + signal) is not all a log shows of the end.
+        print(f"gpupace: {signal.Signals(signum).name} received: stopping the ranks",
+              file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     sigs = [s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)) if s]
     before = {s: signal.signal(s, stop) for s in sigs}

@@ -51,7 +51,8 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
     script.write_text(SCRIPT)
     pids = tmp_path / "pids"
     pids.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), str(pids), start])
+    parent = subprocess.Popen([sys.executable, str(script), str(pids), start],
+                              stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while len(list(pids.iterdir())) < 2 or any(p.stat().st_size == 0 for p in pids.iterdir()):
@@ -65,6 +66,9 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
         while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(pid) for pid in ranks), "a rank outlived its parent"
+        said = parent.stderr.read()
+        assert (f"gpupace: {sig.name} received: stopping the ranks" in said) == (
+            sig != signal.SIGKILL), said
     finally:
         parent.kill()
 
