@@ -40,6 +40,9 @@ WARMUP_STEPS = 10
 # The fewest measured steps of a phase: what `gpupace report` needs to diagnose a phase's file.
 STATS_STEPS = MIN_STEPS
 MAX_RANKS = 256  # one process a rank, on this machine
+# A rank's memory, its share of shared pages counted (Pss): 316 MB at 4 ranks, 266 MB while 12
+# started, on the 2-core VM (2026-12-01; torch, a gloo group, the model and its optimizer).
+RANK_BYTES = 320 * 2**20
 MAX_SEED = 2**32  # torch's generators take seed * 1000 + rank; NumPy's any size
 
 
@@ -208,6 +211,28 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
                          f"{floor_s:.0f} s of straggler work alone, past --timeout "
                          f"{args.timeout:g} s: use a smaller --straggle-ms or a larger --timeout")
     _check_outputs(args)
+    have = available_memory()
+    if have is not None and args.ranks * RANK_BYTES > 0.9 * have:
+        raise ValueError(f"--ranks {args.ranks} needs about "
+                         f"{args.ranks * RANK_BYTES / 2**30:.1f} GiB (~{RANK_BYTES >> 20} MB a "
+                         f"rank), and this machine has {have / 2**30:.1f} GiB available: at most "
+                         f"{max(int(0.9 * have // RANK_BYTES), 0)} ranks here")
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still take, about: the kernel's MemAvailable, within the memory
+    limit of its cgroup (a container's, a batch job's, whose own use is not subtracted: an upper
+    bound there); None where neither says (not Linux)."""
+    from .sim.simulate import machine_memory
+
+    known = [m for m in (machine_memory(),) if m is not None]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                known.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(known) if known else None
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

@@ -1,6 +1,7 @@
 """`gpupace demo` through its CLI at a small size, its scenarios and its errors."""
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -229,6 +230,19 @@ def test_demo_refuses_nccl_without_gpus_before_spawning(tmp_path, capsys):
     assert main(["demo", "--backend", "nccl", "--telemetry", str(tmp_path / "tel")]) == 2
     assert "--backend nccl needs one CUDA GPU per rank (4)" in capsys.readouterr().err
     assert not (tmp_path / "tel").exists()  # a refused run leaves nothing behind
+
+
+def test_a_demo_of_more_ranks_than_memory_holds_is_refused_before_spawning(capsys):
+    """~0.3 GB a rank: 64 ranks outgrew the 24 GB VM and the OOM killer ended the run."""
+    from gpupace.demo import MAX_RANKS, RANK_BYTES, available_memory
+
+    have = available_memory()
+    if have is None or MAX_RANKS * RANK_BYTES <= 0.9 * have:
+        pytest.skip(f"this machine holds {MAX_RANKS} demo ranks")
+    assert main(["demo", "--ranks", str(MAX_RANKS)]) == 2
+    err = capsys.readouterr().err
+    assert f"--ranks {MAX_RANKS} needs about {MAX_RANKS * RANK_BYTES / 2**30:.1f} GiB" in err, err
+    assert re.search(r"GiB available: at most \d+ ranks here", err), err  # the machine's figure
 
 
 def test_unknown_scenario_is_refused_by_argparse(capsys):
