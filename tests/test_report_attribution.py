@@ -398,6 +398,19 @@ def test_a_record_of_another_world_size_is_skipped_not_a_rank_more(tmp_path):
                                          "values: they hold 2"):
         load_runs([h99])
 
+    # Records without per-rank values take the header's word, but not for a million ranks
+    # of NaN matrices (8 GB at 500 steps)
+    lines = [json.loads(line) for line in clean.read_text().splitlines()]
+    for rec in lines[1:]:
+        rec.update(earliness_us=[], wait_us=[], delay_us=[], step_times_us=[])
+    blind = tmp_path / "blind.jsonl"
+    blind.write_text("".join(json.dumps(doc) + "\n" for doc in lines))
+    assert load_runs([blind])[0].world_size == 2
+    huge = _damaged(blind, tmp_path / "huge.jsonl", 0, lambda h: h.update(world_size=1 << 20))
+    with pytest.raises(ValueError, match=r"world_size is 1048576, and no record holds per-rank "
+                                         r"values to confirm it: \d+ steps of 1048576 ranks"):
+        load_runs([huge])
+
 
 def test_a_record_with_an_absurd_time_is_skipped(tmp_path):
     """One step_time_us of 1e300 gave a numpy overflow warning, a mean step of 300 digits

@@ -291,7 +291,16 @@ def _world_size(header: dict[str, Any], widths: Sequence[tuple[int, ...]], path:
         raise ValueError(f"{path}: the header's world_size is {said}, but no record holds "
                          f"{said} ranks' values: they hold {common} (a header from another "
                          "run?)")
+    # No record holds per-rank values (a foreign writer's): the report still makes its
+    # [steps, ranks] matrices, of NaN, two of them: a header of 1M ranks wanted 8 GB a 500 steps.
+    if said and not held and 2 * 8 * len(widths) * said > UNCONFIRMED_BYTES:
+        raise ValueError(f"{path}: the header's world_size is {said}, and no record holds "
+                         f"per-rank values to confirm it: {len(widths)} steps of {said} ranks "
+                         f"would take {2 * 8 * len(widths) * said / 2**30:.1f} GiB of empty matrices")
     return said or common
+
+
+UNCONFIRMED_BYTES = 256 * 2**20  # what a header alone may have the report allocate
 
 
 _SCALARS = ("step", "time_s", "step_time_us", "spread_us", "residual_us", "transfer_us",
