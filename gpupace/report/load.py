@@ -293,10 +293,11 @@ def _world_size(header: dict[str, Any], widths: Sequence[tuple[int, ...]], path:
                          "run?)")
     # No record holds per-rank values (a foreign writer's): the report still makes its
     # [steps, ranks] matrices, of NaN, two of them: a header of 1M ranks wanted 8 GB a 500 steps.
-    if said and not held and 2 * 8 * len(widths) * said > UNCONFIRMED_BYTES:
+    empty = 2 * 8 * len(widths) * said  # bytes
+    if not held and empty > UNCONFIRMED_BYTES:
         raise ValueError(f"{path}: the header's world_size is {said}, and no record holds "
                          f"per-rank values to confirm it: {len(widths)} steps of {said} ranks "
-                         f"would take {2 * 8 * len(widths) * said / 2**30:.1f} GiB of empty matrices")
+                         f"would take {empty / 2**30:.1f} GiB of empty matrices")
     return said or common
 
 
