@@ -4,12 +4,12 @@ A job restarted from a checkpoint would otherwise learn everything again: where 
 arrival moves among many ranks, no rank is paced before 5 calm steps for each of them
 (`policy.holdoff`: up to 20,480 steps at 4096 ranks), and restarts at that scale come every
 few hours. The state kept is the policy's learning: per rank and site the earliness floor,
-the holdoff's calm counter and the running mean and variance of earliness; per site the
-on/off switch, its hysteresis counters and the number of ranks that have been the site's
-straggler; and the pacer's step count, so that a resumed job's telemetry and TensorBoard
-steps go on from it. Not kept: which ranks have been the stragglers (an [N, S] matrix: a
-resumed pacer counts a rank again when it is last again, so its holdoff errs long), the next
-delays (the first step after a load applies none), the policy's own step count (its warm-up
+the holdoff's calm counter, the running mean and variance of earliness and whether the rank
+has been the site's straggler (every rank holds all ranks' flags: each gives its own row);
+per site the on/off switch and its hysteresis counters; and the pacer's step count, so that
+a resumed job's telemetry and TensorBoard steps go on from it. A state saved before the
+flags were kept (2026-12-01) loads with every rank flagged: the holdoff of that time,
+holdoff_factor x N for all. Not kept: the next delays (the first step after a load applies none), the policy's own step count (its warm-up
 runs again: its steps measure, as at any start, before the floors move or anything is paced)
 and the timing of the sites (clock readings of the old processes).
 
@@ -28,10 +28,13 @@ import numpy as np
 import torch
 
 FORMAT = "gpupace.pacer_state/1"
-PER_RANK = ("floor", "calm", "mean", "var")  # [N, S]: each rank's own
-PER_SITE = ("active", "above", "below", "n_last")  # [S]: the same on every rank
+PER_RANK = ("floor", "calm", "mean", "var", "last_seen")  # [N, S]: each rank's own
+PER_SITE = ("active", "above", "below")  # [S]: the same on every rank
 FIELDS = PER_RANK + PER_SITE
-COUNTERS = ("calm", "above", "below", "n_last")  # integers
+COUNTERS = ("calm", "above", "below")  # integers
+FLAGS = ("active", "last_seen")  # booleans
+# What `unpack` adds, from the fields: the ranks flagged at each site, [S].
+LOADED = FIELDS + ("n_last",)
 
 
 def _row(state: dict[str, np.ndarray] | None, width: int) -> np.ndarray:
@@ -83,14 +86,15 @@ def gather(state: dict[str, np.ndarray] | None, *, steps: int, world_size: int, 
         block = rows[:, i * n:(i + 1) * n]
         value = block if name in PER_RANK else block[0]
         saved[name] = (value.to(torch.int64) if name in COUNTERS
-                       else value.bool() if name == "active" else value.clone())
+                       else value.bool() if name in FLAGS else value.clone())
     return saved
 
 
 def unpack(saved: Any, *, world_size: int, max_sites: int,
            group_ranks: list[int] | None = None) -> dict[str, np.ndarray] | None:
     """The state in `saved` (from `gather`) as NumPy arrays, per-rank fields [N, S] and per-site
-    ones [S], S cut to `max_sites` (the first sites keep theirs); None when it holds no sites.
+    ones [S] (`LOADED`), S cut to `max_sites` (the first sites keep theirs); None when it holds
+    no sites.
     A ValueError saying what is wrong with it otherwise: another world size, or another
     data-parallel group (`group_ranks`, None for the whole world)."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
@@ -117,9 +121,8 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
     out: dict[str, np.ndarray] = {}
     for name in FIELDS:
         value = saved.get(name)
-        if value is None and name == "n_last":  # saved before 2026-12-01: the holdoff of
-            out[name] = np.full(min(n, max_sites), world_size)  # then, holdoff_factor x N
-            continue
+        if value is None and name == "last_seen":  # saved before 2026-12-01: the holdoff
+            value = torch.ones(world_size, n, dtype=torch.bool)  # of then, factor x N
         shape = (world_size, n) if name in PER_RANK else (n,)
         if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
             got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
@@ -132,6 +135,10 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
         out[name] = a[..., :max_sites].copy()  # not a view of the caller's tensors
     if (out["var"] < -1).any():
         raise ValueError("pacer state: 'var' holds values below -1 (-1 means no sample yet)")
+    if (out["last_seen"] > 1).any():
+        raise ValueError("pacer state: 'last_seen' holds values other than 0 and 1")
+    out["last_seen"] = out["last_seen"].astype(bool)
+    out["n_last"] = out["last_seen"].sum(axis=0)
     return out
 
 

@@ -68,14 +68,15 @@ class PaceConfig:
 
     holdoff_factor: float | None = None
     """A rank's floor starts to rise only after it has not been late (within `guard_us` of the
-    last arrival) for `holdoff_factor` steps for each rank that has been the site's last
-    arrival, at most `holdoff_factor x world size` (`gpupace.policy.holdoff`). Where the last
-    arrival is random over k ranks, each is last about once in k steps, so a holdoff of 5k
-    holds about 99% of them (1 - e^-5) at zero delay at any one step (over a long run most
-    pass it now and then). Measured in the simulator (bench/sim_holdoff.py, 2026-12-01): one
-    node's GPUs always last, the first delay came at step 10 at 64, 512 and 4096 ranks (a
-    holdoff of 5N, the rule until then: after 328, 2568 and 20,488 steps); random stalls on any
-    of 512 ranks, at step 2557 (5N: 2565, the code of 60917ff, one-off)."""
+    last arrival) for a holdoff: `holdoff_factor x world size` steps for a rank that has been
+    the site's last arrival, `holdoff_factor` steps for each rank that has been for one that
+    never has (`gpupace.policy.holdoff`). Where the last arrival is random over k ranks, each
+    is last about once in k steps, so a holdoff of 5k holds about 99% of them (1 - e^-5) at
+    zero delay at any one step (over a long run most pass it now and then). Measured in the
+    simulator (bench/sim_holdoff.py, 2026-12-01): one rank always last, the first delay came
+    at step 10 at 64, 512 and 4096 ranks (a holdoff of 5N for all, the rule until then: not
+    before 325, 2565 and 20,485); random stalls on any of 512 ranks, at step 2557 (5N: 2565,
+    the code of 60917ff, one-off)."""
 
     holdoff_max: int | None = None
     """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A

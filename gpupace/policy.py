@@ -142,21 +142,26 @@ def safety_z(overshoot_risk: float, n_ranks: int) -> float:
 
 
 def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
-    """Calm steps a rank needs at each site before its floor may rise: `holdoff_factor` steps
-    for each rank that has been the site's straggler (one at least), at most `holdoff_steps`
-    (factor x N, within holdoff_max). The holdoff keeps a rank that is only sometimes early
+    """Calm steps a rank that has never been the site's straggler needs before its floor may
+    rise, int [S]: `holdoff_factor` steps for each rank that has been (one at least), at most
+    `holdoff_steps` (factor x N, within holdoff_max); a rank that has been the straggler needs
+    `holdoff_steps` (`update_reference`). The holdoff keeps a rank that is only sometimes early
     from being delayed into the straggler: if the last arrival is random over k ranks, each is
-    last about once in k steps, and 5k calm steps leave ~e^-5 of them past it at any step,
-    as 5N did when k was taken to be N. With one persistent straggler, or a slow node's 8
-    GPUs taking turns, k is 1 or 8 and the others are paced after 5 or 40 steps, where 5N
-    meant 20,480 at 4096 ranks. With random stragglers over all N ranks, k after t steps is
-    about N (1 - e^(-t/N)) and 5k stays above t, so above every calm counter, until t is
-    4.97N: the ranks pass about when they did with 5N (bench/sim_holdoff.py, `jitter` at 512
-    ranks: the first delay at step 2557, against 2565 with 5N in a one-off run of the code of
-    60917ff; throughput -0.0021% and -0.0016% against no pacing, at noise level).
-    Float [S]; a calm counter c passes when c >= it (the same as c >= its ceiling)."""
-    return np.minimum(float(params.holdoff_steps),
+    last about once in k steps, and 5k calm steps leave ~e^-5 of them past it at any step, as
+    5N did when k was taken to be N. With one persistent straggler, or a slow node's 8 GPUs
+    taking turns, k is 1 or 8 and the others are paced after 5 or 40 steps (the 40
+    computed, not measured), where 5N meant 20,480 at 4096 ranks; a rank that is last now and
+    then beside a persistent straggler (2% of steps) has been last, so it keeps 5N: with 5k
+    for it too, it was delayed on 79% of the steps (a review's closed-loop run, 64 ranks). With
+    random stragglers over all N ranks, k after t steps is about N (1 - e^(-t/N)) and 5k stays
+    above t, so above every calm counter, until t is 4.97N: the ranks never last pass about
+    when they did with 5N (bench/sim_holdoff.py, `jitter` at 512 ranks: the first delay at step
+    2557, against 2565 with 5N in a one-off run of the code of 60917ff; throughput -0.0016%
+    against no pacing with either, at noise level). In float64 and rounded up, as the device
+    kernel's table of it (`kernels.update.holdoff_table`): float32 put 0.3 x 50 past 15."""
+    hold = np.minimum(float(params.holdoff_steps),
                       params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
+    return np.ceil(hold).astype(np.int64)
 
 
 def init_state(n_ranks: int, n_sites: int) -> PolicyState:
@@ -497,7 +502,8 @@ def update_reference(
         first = var < 0
         sd = np.sqrt(np.maximum(var, 0.0))
         e = np.where(first, earliness, np.minimum(earliness, mean + OUTLIER_Z * sd + params.guard_us))
-        rise = np.where(calm >= holdoff(params, n_last), params.floor_rise, 0.0)
+        hold = np.where(last_seen, params.holdoff_steps, holdoff(params, n_last))
+        rise = np.where(calm >= hold, params.floor_rise, 0.0)
         rate = np.where(e < floor, params.floor_fall, rise)
         floor = floor + rate * (e - floor)
         # Exponentially weighted mean and variance, started at the first sample.

@@ -128,8 +128,9 @@ def fused_update(params, floor, calm, mean, var, active, above, below, last_seen
             lo = lowest[k]
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
-            hold = holdoff_factor * max(n_last[k], 1)  # policy.holdoff
-            hold = hold if hold < holdoff_steps else holdoff_steps
+            hold = holdoff_factor * max(n_last[k], 1)  # policy.holdoff, for ranks never last
+            hold = np.ceil(hold if hold < holdoff_steps else holdoff_steps)
+            seen = last_seen[k]
             for i in range(rank_lo, rank_hi):
                 e = w[i, k] + d[i, k] - lo
                 f, c, m, v = floor[k, i], calm[k, i], mean[k, i], var[k, i]
@@ -139,7 +140,8 @@ def fused_update(params, floor, calm, mean, var, active, above, below, last_seen
                 # Learnt from at most OUTLIER_Z sd (and the guard) above the mean: a pause.
                 top = m + OUTLIER_Z * np.sqrt(v) + guard_us
                 x = e if fresh or e < top else top
-                rate = floor_fall if x < f else (floor_rise if c >= hold else 0.0)
+                h = holdoff_steps if seen[i] else hold
+                rate = floor_fall if x < f else (floor_rise if c >= h else 0.0)
                 f = f + rate * (x - f)
                 diff = 0.0 if fresh else x - m
                 m = x if fresh else m + floor_rise * diff

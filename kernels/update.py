@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -116,9 +117,9 @@ def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr, sums_ptr, counts_ptr,
     floor_ptr, calm_ptr, mean_ptr, var_ptr, delay_ptr, active_ptr, above_ptr, below_ptr,
-    seen_ptr, n_last_ptr, counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
+    seen_ptr, n_last_ptr, hold_ptr, counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
-    rise, fall, holdoff, safety_z, warmup_steps, holdoff_factor,
+    rise, fall, holdoff, safety_z, warmup_steps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # Program p updates rank `rank + p`, from row p of every state buffer: its own counter and
@@ -173,15 +174,19 @@ def _update_kernel(
     ab = tl.where(fresh, 0, tl.load(above_ptr + st_off, mask=on, other=0))
     be = tl.where(fresh, 0, tl.load(below_ptr + st_off, mask=on, other=0))
     # The ranks that have been each site's straggler, a flag a rank in this program's own
-    # copy [M, N], read and set at the straggler alone; their count sets the site's holdoff
-    # (`policy.holdoff`). Flags of sites past the widest count yet were never set.
-    seen_at = seen_ptr + (p * max_sites + sm).to(tl.int64) * n_ranks + strag
+    # copy [M, N], read and set at the straggler alone; this rank's own flag and their count
+    # set its holdoff (`policy.holdoff`, from the host's table of it: float32 put 0.3 x 50
+    # past 15). Flags of sites past the widest count yet were never set.
+    flags = seen_ptr + (p * max_sites + sm).to(tl.int64) * n_ranks
     look = on & (strag >= 0) & ((sm * 0 + learn.to(tl.int32)) != 0)
-    new = look & (tl.load(seen_at, mask=look, other=1) == 0)
-    tl.store(seen_at, new.to(tl.int8), mask=new)
+    new = look & (tl.load(flags + strag, mask=look, other=1) == 0)
+    # (Read before the flag of this step's straggler is set: its calm is 0, below any holdoff
+    # but 0, which every rank has then, so its own flag changes nothing this step.)
+    seen_me = tl.load(flags + me, mask=on, other=0) != 0
+    tl.store(flags + strag, new.to(tl.int8), mask=new)
     n_last = tl.where(fresh, 0, tl.load(n_last_ptr + st_off, mask=on, other=0)) + new.to(tl.int32)
-    hold = tl.minimum(holdoff.to(tl.float32),
-                      holdoff_factor * tl.maximum(n_last, 1).to(tl.float32))
+    never = tl.load(hold_ptr + tl.minimum(n_last, n_ranks), mask=on, other=0)
+    hold = tl.where(seen_me, holdoff, never)
     # Fast down; up only after the holdoff's steps without being late (within guard of last).
     c = tl.where(learn, tl.where(e <= guard, 0, tl.minimum(c + 1, _CALM_MAX)), c)
     # Exponentially weighted mean and variance of earliness, started at the first sample
@@ -190,7 +195,7 @@ def _update_kernel(
     first = var < 0.0
     top = mu + _OUTLIER_Z * tl.sqrt(tl.maximum(var, 0.0)) + guard
     x = tl.where(first, e, tl.minimum(e, top))
-    rate = tl.where(x < f, fall, tl.where(c.to(tl.float32) >= hold, rise, 0.0))
+    rate = tl.where(x < f, fall, tl.where(c >= hold, rise, 0.0))
     f = tl.where(learn, f + rate * (x - f), f)
     diff = tl.where(first, 0.0, x - mu)
     mu = tl.where(learn, tl.where(first, x, mu + rise * diff), mu)
@@ -288,6 +293,14 @@ def _update_kernel(
 BLOCK_N = 1024  # ranks a pass of the telemetry record takes
 
 
+def holdoff_table(params: Any, n_ranks: int, device: Any = None) -> torch.Tensor:
+    """int32 [n_ranks + 1]: the holdoff of a rank never last at a site where k ranks have been,
+    at k = 0..N (`gpupace.policy.holdoff`, as it computes it: in float64, rounded up)."""
+    k = np.maximum(np.arange(n_ranks + 1), 1).astype(np.float64)
+    hold = np.ceil(np.minimum(float(params.holdoff_steps), float(params.holdoff_factor) * k))
+    return torch.from_numpy(hold.astype(np.int32)).to(device)
+
+
 def new_state(n_ranks: int, max_sites: int, device: Any = None, *,
               world_size: int | None = None) -> dict[str, torch.Tensor]:
     """The policy state of `n_ranks` consecutive ranks (one program each; a pacer has its own
@@ -372,12 +385,12 @@ def launch_args(gathered, row, red, state, ring, ring_step, params, *, n_sites: 
         red["sums"], red["counts"],
         state["floor"], state["calm"], state["mean"], state["var"], state["delay"],
         state["active"], state["above"], state["below"], state["last_seen"], state["n_last"],
-        state["counter"], state["usual"], state["stamps"], row, ring, ring_step, ring.shape[0],
+        holdoff_table(p, n_ranks, gathered.device), state["counter"], state["usual"], state["stamps"], row, ring, ring_step, ring.shape[0],
         ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
-        float(p.safety_z), int(p.warmup_steps), float(p.holdoff_factor),
+        float(p.safety_z), int(p.warmup_steps),
         max(16, triton.next_power_of_2(int(max_sites))),  # BLOCK_M
         min(BLOCK_N, max(16, triton.next_power_of_2(int(n_ranks)))))  # BLOCK_N
     meta = {"num_warps": 4, **COMPILE_OPTIONS}

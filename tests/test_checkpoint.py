@@ -172,8 +172,9 @@ def _saved(world: int = 2, sites: int = 1) -> dict:
     (lambda s: s["mean"].fill_(float("nan")), "'mean' holds values that no pacer saves"),
     (lambda s: s["floor"].fill_(-1.0), "'floor' holds values that no pacer saves"),
     (lambda s: s["var"].fill_(-2.0), "'var' holds values below -1"),
-    (lambda s: s.update(n_last=torch.tensor([-1])), "'n_last' holds values that no pacer saves"),
-    (lambda s: s.update(n_last=torch.ones(2, 1)), "'n_last' must be a tensor of shape (1,)"),
+    (lambda s: s.update(last_seen=torch.full((2, 1), 2)), "'last_seen' holds values other "
+                                                          "than 0 and 1"),
+    (lambda s: s.update(last_seen=torch.ones(1)), "'last_seen' must be a tensor of shape (2, 1)"),
 ])
 def test_a_state_no_pacer_of_this_job_saved_is_refused_saying_why(change, message):
     saved = _saved()
@@ -190,13 +191,15 @@ def test_a_state_of_more_sites_than_max_sites_keeps_the_first_and_none_is_no_sta
     assert checkpoint.unpack({**_saved(), "sites": 0}, world_size=2, max_sites=3) is None
 
 
-def test_a_state_saved_before_n_last_was_kept_loads_with_the_holdoff_of_its_day():
-    """States saved before 2026-12-01 hold no 'n_last' (`_saved`): every rank is taken for a
-    past straggler, so that the holdoff stays holdoff_factor x N, as when they were saved."""
-    assert checkpoint.unpack(_saved(sites=3), world_size=2, max_sites=2)["n_last"].tolist() \
-        == [2, 2]
-    saved = {**_saved(sites=2), "n_last": torch.tensor([1, 0])}
-    assert checkpoint.unpack(saved, world_size=2, max_sites=8)["n_last"].tolist() == [1, 0]
+def test_a_state_saved_before_last_seen_was_kept_loads_with_the_holdoff_of_its_day():
+    """States saved before 2026-12-01 hold no 'last_seen' (`_saved`): every rank is taken for a
+    past straggler, so that the holdoff stays holdoff_factor x N, as when they were saved. The
+    count of ranks last at each site follows from the flags."""
+    old = checkpoint.unpack(_saved(sites=3), world_size=2, max_sites=2)
+    assert old["last_seen"].tolist() == [[True, True]] * 2 and old["n_last"].tolist() == [2, 2]
+    flags = torch.tensor([[True, False], [False, False]])
+    new = checkpoint.unpack({**_saved(sites=2), "last_seen": flags}, world_size=2, max_sites=8)
+    assert new["last_seen"].tolist() == flags.tolist() and new["n_last"].tolist() == [1, 0]
 
 
 def test_a_single_rank_pacer_saves_and_loads_without_a_process_group():

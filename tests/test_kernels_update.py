@@ -89,7 +89,7 @@ def configs(draw):
         cap_fraction=draw(st.sampled_from([0.05, 0.5, 1.0])),
         floor_rise=draw(st.sampled_from([0.05, 0.25, 1.0])),
         floor_fall=draw(st.sampled_from([0.5, 1.0])),
-        holdoff_factor=draw(st.sampled_from([0.0, 0.5, 1.0])),
+        holdoff_factor=draw(st.sampled_from([0.0, 0.3, 0.5, 1.0])),
         warmup_steps=draw(st.integers(0, 2)),
     )
 
@@ -159,6 +159,33 @@ def test_update_kernel_agrees_with_policy(k, sc):
         assert torch.isnan(dev.row[2:2 + m]).all() and (dev.row[2 + m:] == 0).all()
     assert (dev.state["counter"][:, 0] == len(steps)).all()
     assert alone.row[0] == 0 and torch.isnan(alone.row[2:2 + m]).all()
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_rank_that_has_been_last_keeps_the_whole_holdoff_as_in_the_policy(k, alone):
+    """6 ranks, holdoff_factor 1: rank 5 last at every step but the 3rd, where rank 1 is. The
+    ranks never last need 2 calm steps (two ranks have been last), rank 1 needs 6, as the
+    reference holds them (`policy.holdoff`), in every program and in rank 1's alone."""
+    n, m = 6, 2
+    cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=1.0,
+                     threshold_us=50.0, release_us=10.0, guard_us=0.0)
+    params = policy.PolicyParams.from_config(cfg, n)
+    dev = DeviceSide(k, n, m, rank=1, alone=alone)
+    state = policy.init_state(n, 1)
+    rank1 = []
+    for step in range(12):
+        w = np.array([[400.0], [300.0], [350.0], [250.0], [450.0], [0.0]])
+        if step == 2:
+            w[1, 0], w[5, 0] = 0.0, 20.0
+        dev.step(make_rows(w, np.zeros((n, 1)), np.full(n, 1e4), m), 1, params)
+        state, _ = policy.update(params, state, w, np.zeros((n, 1)), np.full(n, 1e4))
+        compare(dev, state, 1)
+        rank1.append(bool(state.delay[1, 0] > 0))
+    assert state.last_seen[[1, 5], 0].all() and state.n_last.tolist() == [2]
+    # Paced from its first calm step (one rank had been last), not after its late step, the
+    # 3rd, until its 6th calm one
+    assert rank1 == [True] * 2 + [False] * 6 + [True] * 4, rank1
+    assert (state.delay[[0, 2, 3, 4], 0] > 0).all()
 
 
 @pytest.mark.parametrize("alone", [False, True])

@@ -154,7 +154,7 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
     """A rank is delayed only after the holdoff, 5 steps on time for each rank that has been
     last. With random stalls (`jitter`) at 64 nodes (512 ranks) about 150 ranks have been last
     by step 200: in a run of 200 steps, whose second half is measured, gpupace's row there
-    shows the policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 48
+    shows the policy before it acts. The note says so for 64 nodes, not for 1 (8 ranks: 45
     steps at most), and asks for steps enough for the longest holdoff (5 x 512). With one
     node's ranks always last (`locality`) the holdoff is 5 steps: no note."""
     js = tmp_path / "t.json"
@@ -163,7 +163,7 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
     note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
     assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(from step \d{3}\)\.",
                                          note[0]), note
-    assert "Use --steps 5336 or more" in note[0]
+    assert "Use --steps 5330 or more" in note[0]
     assert json.loads(js.read_text())["notes"] == note
     assert main(["simulate", "--preset", "locality", "--nodes", "64", "--steps", "200"]) == 0
     assert "could delay ranks" not in capsys.readouterr().out

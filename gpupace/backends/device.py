@@ -470,7 +470,9 @@ class DeviceEngine:
         n = int(self.state["counter"][0, 2])
         if n <= 0:
             return None
-        return {name: self.state[name][0, :n].cpu().numpy().astype(
+        # This rank's own row of the flags of past stragglers, which every program holds whole
+        mine = {"last_seen": self.state["last_seen"][0, :n, self.rank]}
+        return {name: mine.get(name, self.state[name][0, :n]).cpu().numpy().astype(
                     np.int64 if name in checkpoint.COUNTERS else np.float64)
                 for name in checkpoint.FIELDS}
 
@@ -482,12 +484,15 @@ class DeviceEngine:
         if self._cuda:
             torch.cuda.synchronize(self.device)
         state = self.state
-        for name in ("delay", "last_seen", *checkpoint.FIELDS):
+        for name in ("delay", *checkpoint.LOADED):
             state[name][0].fill_(-1.0 if name == "var" else 0)
         n = 0
         if saved is not None:
             n = saved["floor"].shape[1]
-            for name in checkpoint.FIELDS:
+            # The flags of past stragglers whole, [S, N] (every program holds every rank's);
+            # of the other per-rank fields, this rank's row.
+            state["last_seen"][0, :n].copy_(torch.from_numpy(saved["last_seen"].T))
+            for name in (name for name in checkpoint.LOADED if name != "last_seen"):
                 value = saved[name][self.rank] if name in checkpoint.PER_RANK else saved[name]
                 if name in checkpoint.COUNTERS:  # int32 here; a host's are int64
                     value = np.minimum(value, self._k_update.CALM_MAX)

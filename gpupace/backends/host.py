@@ -245,7 +245,7 @@ class HostEngine:
         if saved is None:
             return
         state = policy.init_state(self.world_size, saved["floor"].shape[1])
-        for name in checkpoint.FIELDS:
+        for name in checkpoint.LOADED:
             getattr(state, name)[...] = saved[name]
         self.state = state
 

@@ -174,12 +174,13 @@ def check_memory(steps: int, scenario: Scenario, keep_sites: bool | None = None,
 
 def policy_start_step(config: PaceConfig, n_ranks: int, n_last: np.ndarray | None = None) -> int:
     """The first step at which the gpupace policy can delay a rank of `n_ranks`: past its
-    warm-up and on-steps, a rank's floor rises only once it has been on time for the holdoff
-    (`gpupace.policy.holdoff`): its longest with `n_last` ranks counted last at each site (a
-    gpupace run's `extra["n_last"]`, at its end), else the longest it can grow to."""
+    warm-up, once pacing has switched on (on-steps) and the rank has been on time for the
+    holdoff, which run side by side: the holdoff of the ranks never last, with `n_last` ranks
+    counted last at each site (a gpupace run's `extra["n_last"]`, at its end; the longest of
+    the sites), else the longest it can grow to (`gpupace.policy.holdoff`)."""
     p = pol.PolicyParams.from_config(config, n_ranks)
-    hold = p.holdoff_steps if n_last is None else math.ceil(pol.holdoff(p, n_last).max())
-    return int(p.warmup_steps + p.on_steps + hold)
+    hold = p.holdoff_steps if n_last is None else int(pol.holdoff(p, n_last).max())
+    return int(p.warmup_steps + max(p.on_steps, hold))
 
 
 def simulate(

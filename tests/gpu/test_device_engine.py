@@ -314,7 +314,7 @@ def test_a_saved_state_loads_into_the_device_buffers_that_a_captured_step_reads(
              "floor": torch.tensor([[250.0]]), "calm": torch.tensor([[7]]),
              "mean": torch.tensor([[300.0]]), "var": torch.tensor([[16.0]]),
              "active": torch.tensor([True]), "above": torch.tensor([3]),
-             "below": torch.tensor([0]), "n_last": torch.tensor([1])}
+             "below": torch.tensor([0]), "last_seen": torch.tensor([[True]])}
     pacer.load_state_dict(saved)
     back = pacer.state_dict()
     for name in checkpoint.PER_RANK + checkpoint.PER_SITE:
