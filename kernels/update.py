@@ -51,6 +51,7 @@ spread of every site (M slots, the first `n_sites` used).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -295,9 +296,18 @@ BLOCK_N = 1024  # ranks a pass of the telemetry record takes
 
 def holdoff_table(params: Any, n_ranks: int, device: Any = None) -> torch.Tensor:
     """int32 [n_ranks + 1]: the holdoff of a rank never last at a site where k ranks have been,
-    at k = 0..N (`gpupace.policy.holdoff`, as it computes it: in float64, rounded up)."""
+    at k = 0..N (`gpupace.policy.holdoff`, as it computes it: in float64, rounded up). Made
+    once for each setting and device: `update` launches (the virtual cluster's, every step)
+    would otherwise copy it from host memory each time, a copy that waits for the stream."""
+    return _holdoff_table(int(params.holdoff_steps), float(params.holdoff_factor), n_ranks,
+                          str(torch.device(device) if device is not None else "cpu"))
+
+
+@functools.lru_cache(maxsize=16)
+def _holdoff_table(holdoff_steps: int, factor: float, n_ranks: int,
+                   device: str) -> torch.Tensor:
     k = np.maximum(np.arange(n_ranks + 1), 1).astype(np.float64)
-    hold = np.ceil(np.minimum(float(params.holdoff_steps), float(params.holdoff_factor) * k))
+    hold = np.ceil(np.minimum(float(holdoff_steps), factor * k))
     return torch.from_numpy(hold.astype(np.int32)).to(device)
 
 
