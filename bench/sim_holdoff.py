@@ -1,8 +1,8 @@
 """How soon the policy paces, measured in the simulator: the holdoff of a rank never last at a
 site (`gpupace.policy.holdoff`) is 5 calm steps for each rank that has been, so a job whose
 last arrival is always one rank (`locality`: a rank of the slow node) is paced within tens of
-steps at any size, while one whose stalls fall on any rank (`jitter`) is held off for about 5
-steps a rank, as before.
+steps at any size, while one whose stalls fall on any rank (`jitter`) is held off for at
+least about 5 steps a rank, as before.
 
 Per preset and size, one gpupace run and one without pacing, same seed:
   first_delay    the first step at which the policy delayed any rank

@@ -9,7 +9,8 @@ has been the site's straggler (every rank holds all ranks' flags: each gives its
 per site the on/off switch and its hysteresis counters; and the pacer's step count, so that
 a resumed job's telemetry and TensorBoard steps go on from it. A state saved before the
 flags were kept (2026-12-01) loads with every rank flagged: the holdoff of that time,
-holdoff_factor x N for all. Not kept: the next delays (the first step after a load applies none), the policy's own step count (its warm-up
+holdoff_factor x N for all, and for good, as flags never clear (a job takes the shorter
+holdoff of ranks never last only if it starts without that state). Not kept: the next delays (the first step after a load applies none), the policy's own step count (its warm-up
 runs again: its steps measure, as at any start, before the floors move or anything is paced)
 and the timing of the sites (clock readings of the old processes).
 

@@ -52,7 +52,9 @@ def settle_steps(config: PaceConfig, ranks: int) -> int:
     rises only after it has not been late for holdoff_factor steps for each rank that has been
     last, and at most every rank has: `policy.holdoff`). Both sides leave them out of their statistics, on
     the same steps of the schedule, so that the comparison shows a settled pacer."""
-    holdoff = min(config.holdoff_max, math.ceil(config.holdoff_factor * ranks))
+    from .policy import PolicyParams
+
+    holdoff = PolicyParams.from_config(config, ranks).holdoff_steps
     return config.warmup_steps + max(config.on_steps, holdoff)
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .config import PaceConfig
-from .policy_fast import ABSURD_US, OUTLIER_Z, compile_fused, fused_update
+from .policy_fast import ABSURD_US, OUTLIER_Z, WHOLE, compile_fused, fused_update
 
 MODE_OFF, MODE_OBSERVE, MODE_PACE = 0, 1, 2
 FUSED_MIN_ELEMENTS = 256
@@ -65,7 +65,8 @@ class PolicyParams(NamedTuple):
             cap_fraction=float(cfg.cap_fraction),
             floor_rise=float(cfg.floor_rise),
             floor_fall=float(cfg.floor_fall),
-            holdoff_steps=min(int(cfg.holdoff_max), int(np.ceil(cfg.holdoff_factor * n_ranks))),
+            holdoff_steps=min(int(cfg.holdoff_max),
+                              int(whole_steps(cfg.holdoff_factor * n_ranks))),
             safety_z=safety_z(cfg.overshoot_risk, n_ranks),
             warmup_steps=int(cfg.warmup_steps),
             holdoff_factor=float(cfg.holdoff_factor),
@@ -152,16 +153,24 @@ def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
     taking turns, k is 1 or 8 and the others are paced after 5 or 40 steps (the 40
     computed, not measured), where 5N meant 20,480 at 4096 ranks; a rank that is last now and
     then beside a persistent straggler (2% of steps) has been last, so it keeps 5N: with 5k
-    for it too, it was delayed on 79% of the steps (a review's closed-loop run, 64 ranks). With
+    for it too, it was delayed on 79% of the steps (a review's closed-loop run, 64 ranks).
+    Flags never clear: one rank late once, by a hiccup, counts for the rest of the job. With
     random stragglers over all N ranks, k after t steps is about N (1 - e^(-t/N)) and 5k stays
     above t, so above every calm counter, until t is 4.97N: the ranks never last pass about
     when they did with 5N (bench/sim_holdoff.py, `jitter` at 512 ranks: the first delay at step
-    2557, against 2565 with 5N in a one-off run of the code of 60917ff; throughput -0.0016%
-    against no pacing with either, at noise level). In float64 and rounded up, as the device
-    kernel's table of it (`kernels.update.holdoff_table`): float32 put 0.3 x 50 past 15."""
+    2557, against 2565 with 5N; throughput -0.0016% against no pacing with either, at noise
+    level: the 5N figures from one-off runs of the code of 60917ff, 2026-12-01). In float64,
+    as the device kernel's table of it (`kernels.update.holdoff_table`; float32 put 0.3 x 50
+    past 15), rounded up (`whole_steps`)."""
     hold = np.minimum(float(params.holdoff_steps),
                       params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
-    return np.ceil(hold).astype(np.int64)
+    return whole_steps(hold)
+
+
+def whole_steps(x) -> np.ndarray:
+    """`x` steps rounded up to whole ones, int64, less float64's representation error: 1.1 x
+    100 is 110.00000000000001, which a plain ceil took to 111 (`policy_fast.WHOLE`)."""
+    return np.ceil(np.asarray(x, dtype=np.float64) * WHOLE).astype(np.int64)
 
 
 def init_state(n_ranks: int, n_sites: int) -> PolicyState:

@@ -36,6 +36,9 @@ MODE_PACE = 2
 # The control state learns from earliness clipped this many standard deviations above the
 # rank's running mean (plus the guard): 4 leaves a Gaussian sample alone 99.997% of the time.
 OUTLIER_Z = 4.0
+# A holdoff in steps is its product rounded up, less float64's representation error: 1.1 x 100
+# is 110.00000000000001, which a plain ceil took to 111 (`policy.whole_steps`).
+WHOLE = 1.0 - 1e-12
 _F, _I = nt.float64, nt.int64
 # The one signature `fused_update` is compiled for (see `compile_fused`). w, d and step_us are
 # strided ('A'): the host backend passes columns of its gathered [N, 2 + 2 W] matrix, and a
@@ -129,7 +132,7 @@ def fused_update(params, floor, calm, mean, var, active, above, below, last_seen
             pace_site = pacing and active[k]
             last = straggler[k]  # the last arrival waits for nobody
             hold = holdoff_factor * max(n_last[k], 1)  # policy.holdoff, for ranks never last
-            hold = np.ceil(hold if hold < holdoff_steps else holdoff_steps)
+            hold = np.ceil((hold if hold < holdoff_steps else holdoff_steps) * WHOLE)
             seen = last_seen[k]
             for i in range(rank_lo, rank_hi):
                 e = w[i, k] + d[i, k] - lo

@@ -69,6 +69,7 @@ REC_ACTIVE, REC_SITE, REC_CAP, REC_N_SITES = range(6, 10)
 REC_HEAD = 10
 COUNTER_LEN = 3  # steps done, policy updates (state.step), the widest site count yet
 CALM_MAX = 1 << 30  # where the int32 calm counter stops
+_WHOLE = 1.0 - 1e-12  # gpupace.policy_fast.WHOLE
 
 
 @triton.jit
@@ -307,7 +308,7 @@ def holdoff_table(params: Any, n_ranks: int, device: Any = None) -> torch.Tensor
 def _holdoff_table(holdoff_steps: int, factor: float, n_ranks: int,
                    device: str) -> torch.Tensor:
     k = np.maximum(np.arange(n_ranks + 1), 1).astype(np.float64)
-    hold = np.ceil(np.minimum(float(holdoff_steps), factor * k))
+    hold = np.ceil(np.minimum(float(holdoff_steps), factor * k) * _WHOLE)  # whole_steps
     return torch.from_numpy(hold.astype(np.int32)).to(device)
 
 

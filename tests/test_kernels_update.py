@@ -161,6 +161,18 @@ def test_update_kernel_agrees_with_policy(k, sc):
     assert alone.row[0] == 0 and torch.isnan(alone.row[2:2 + m]).all()
 
 
+@pytest.mark.parametrize("factor", [0.3, 0.7, 1.1, 2.5, 5.0])
+def test_the_kernels_holdoff_table_is_the_policys(k, factor):
+    """The kernel reads the holdoff of the ranks never last from a table made on the host, at
+    k = 0..N ranks last: the reference's, to the step (1.1 x 100 is 110, not 111)."""
+    n = 300
+    params = policy.PolicyParams.from_config(PaceConfig(holdoff_factor=factor), n)
+    table = k["update"].holdoff_table(params, n).numpy()
+    np.testing.assert_array_equal(table, policy.holdoff(params, np.arange(n + 1)))
+    if factor == 1.1:
+        assert table[100] == 110 and params.holdoff_steps == 330
+
+
 @pytest.mark.parametrize("alone", [False, True])
 def test_a_rank_that_has_been_last_keeps_the_whole_holdoff_as_in_the_policy(k, alone):
     """6 ranks, holdoff_factor 1: rank 5 last at every step but the 3rd, where rank 1 is. The
