@@ -17,10 +17,10 @@ Identical to `gpupace.policy.update` (the NumPy reference), for the ranks update
 - warm-up (steps <= warmup_steps measure but never learn or pace), the fast-down floor that
   rises only after the holdoff's calm steps (the calm counter: steps since the rank was within
   guard_us of the last arrival; the holdoff: `policy.holdoff`, from the ranks that have been
-  each site's straggler, flagged in this program's own [M, N] copy), the running mean and variance of earliness (rate floor_rise,
-  variance -1 until the first sample), all three learning from earliness clipped at
-  mean + OUTLIER_Z * sd + guard_us, all reset for invalid ranks, the above/below counters and
-  the on/off hysteresis, only with two or more valid ranks;
+  each site's straggler, flagged in this program's own [M, N] copy), the running mean and
+  variance of earliness (rate floor_rise, variance -1 until the first sample), all three
+  learning from earliness clipped at mean + OUTLIER_Z * sd + guard_us, all reset for invalid
+  ranks, the above/below counters and the on/off hysteresis, only with two or more valid ranks;
 - the cap min(max_delay_us, cap_fraction * median of the known step times), 0 when none is known;
 - next delay clamp(gain * min(floor, mean - safety_z * sd) - guard, 0, cap), zero at inactive
   sites, for invalid ranks and for each site's straggler; a rank's delays over all sites scaled
@@ -119,7 +119,8 @@ def _update_kernel(
     g_ptr, n_ranks, row_len, max_sites, n_sites, rank,
     valid_ptr, nvalid_ptr, site_ptr, strag_ptr, median_ptr, sums_ptr, counts_ptr,
     floor_ptr, calm_ptr, mean_ptr, var_ptr, delay_ptr, active_ptr, above_ptr, below_ptr,
-    seen_ptr, n_last_ptr, hold_ptr, counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr, ring_step_ptr, ring_len, rec_len,
+    seen_ptr, n_last_ptr, hold_ptr, counter_ptr, usual_ptr, stamps_ptr, row_ptr, ring_ptr,
+    ring_step_ptr, ring_len, rec_len,
     mode, threshold, release, on_steps, off_steps, gain, guard, max_delay, cap_fraction,
     rise, fall, holdoff, safety_z, warmup_steps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -396,8 +397,8 @@ def launch_args(gathered, row, red, state, ring, ring_step, params, *, n_sites: 
         red["sums"], red["counts"],
         state["floor"], state["calm"], state["mean"], state["var"], state["delay"],
         state["active"], state["above"], state["below"], state["last_seen"], state["n_last"],
-        holdoff_table(p, n_ranks, gathered.device), state["counter"], state["usual"], state["stamps"], row, ring, ring_step, ring.shape[0],
-        ring.shape[1],
+        holdoff_table(p, n_ranks, gathered.device), state["counter"], state["usual"],
+        state["stamps"], row, ring, ring_step, ring.shape[0], ring.shape[1],
         int(p.mode), float(p.threshold_us), float(p.release_us), int(p.on_steps),
         int(p.off_steps), float(p.gain), float(p.guard_us), float(p.max_delay_us),
         float(p.cap_fraction), float(p.floor_rise), float(p.floor_fall), int(p.holdoff_steps),
