@@ -10,9 +10,10 @@ per site the on/off switch and its hysteresis counters; and the pacer's step cou
 a resumed job's telemetry and TensorBoard steps go on from it. A state saved before the
 flags were kept (2026-12-01) loads with every rank flagged: the holdoff of that time,
 holdoff_factor x N for all, and for good, as flags never clear (a job takes the shorter
-holdoff of ranks never last only if it starts without that state). Not kept: the next delays (the first step after a load applies none), the policy's own step count (its warm-up
-runs again: its steps measure, as at any start, before the floors move or anything is paced)
-and the timing of the sites (clock readings of the old processes).
+holdoff of ranks never last only if it starts without that state). Not kept: the next delays
+(the first step after a load applies none), the policy's own step count (its warm-up runs
+again: its steps measure, as at any start, before the floors move or anything is paced) and
+the timing of the sites (clock readings of the old processes).
 
 Each rank holds its own rank's state (an update computes that one alone), so `gather` is a
 collective: an all_gather of the site counts, then one of the rows. A data-parallel
@@ -39,8 +40,8 @@ LOADED = FIELDS + ("n_last",)
 
 
 def _row(state: dict[str, np.ndarray] | None, width: int) -> np.ndarray:
-    """One rank's state as float64 [len(FIELDS) * width]: each field padded to `width` sites (counters
-    below 2^53 travel exactly)."""
+    """One rank's state as float64 [len(FIELDS) * width]: each field padded to `width` sites
+    (counters below 2^53 travel exactly)."""
     row = np.zeros(len(FIELDS) * width)
     n = 0 if state is None else len(state["floor"])
     for i, name in enumerate(FIELDS):
@@ -95,9 +96,8 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
            group_ranks: list[int] | None = None) -> dict[str, np.ndarray] | None:
     """The state in `saved` (from `gather`) as NumPy arrays, per-rank fields [N, S] and per-site
     ones [S] (`LOADED`), S cut to `max_sites` (the first sites keep theirs); None when it holds
-    no sites.
-    A ValueError saying what is wrong with it otherwise: another world size, or another
-    data-parallel group (`group_ranks`, None for the whole world)."""
+    no sites. A ValueError saying what is wrong with it otherwise: another world size, or
+    another data-parallel group (`group_ranks`, None for the whole world)."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         got = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"not a gpupace pacer state (Pacer.state_dict()): expected a dict with "

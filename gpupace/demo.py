@@ -47,11 +47,11 @@ MAX_SEED = 2**32  # torch's generators take seed * 1000 + rank; NumPy's any size
 
 
 def settle_steps(config: PaceConfig, ranks: int) -> int:
-    """Steps at the start of a phase before its fresh pacer can delay anyone: the warm-up, then
-    the longer of the hysteresis' switch-on and a rank's holdoff at its longest (its floor
-    rises only after it has not been late for holdoff_factor steps for each rank that has been
-    last, and at most every rank has: `policy.holdoff`). Both sides leave them out of their statistics, on
-    the same steps of the schedule, so that the comparison shows a settled pacer."""
+    """Steps at the start of a phase by which its fresh pacer can delay any rank, whichever
+    ranks were last: the warm-up, then the longer of the hysteresis' switch-on and the longest
+    holdoff, holdoff_factor steps a rank of the job (`policy.holdoff`). Both sides leave them
+    out of their statistics, on the same steps of the schedule, so that the comparison shows a
+    settled pacer."""
     from .policy import PolicyParams
 
     holdoff = PolicyParams.from_config(config, ranks).holdoff_steps
