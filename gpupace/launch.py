@@ -71,7 +71,6 @@ def _caller_fds() -> list[_CallerFd | None]:
 def _forked_rank_main(payload, env, fds, rank, world_size, backend, store_path, coll_timeout_s,
                       results):
     """A forked rank: the caller's environment, stdout and stderr, then its function."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's (`_ctrl_c_to_caller`)
     os.environ.clear()
     os.environ.update(env)
     for target, fd in zip((1, 2), fds, strict=True):
@@ -173,9 +172,8 @@ def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
     out: dict[int, Any] = {}
     failed: dict[int, tuple[float, str]] = {}
     deadline = _now() + timeout_s
-    with _ctrl_c_to_caller():
-        for p in procs:
-            p.start()
+    for p in procs:
+        p.start()
     try:
         while len(out) + len(failed) < world_size:
             try:
@@ -245,23 +243,6 @@ def _failure(procs: list, out: dict[int, Any], failed: dict[int, tuple[float, st
     if silent:
         lines.append(f"ranks {silent} had not reported when the others failed (hung?)")
     return "\n".join(lines)
-
-
-@contextmanager
-def _ctrl_c_to_caller() -> Iterator[None]:
-    """Ranks started here ignore SIGINT: Ctrl-C reaches every process of the terminal's
-    foreground group, and ranks still importing torch (their first seconds) printed a traceback
-    each (112 lines at 4 ranks) while the caller, whose KeyboardInterrupt ends them all,
-    stopped the run anyway. A spawned rank inherits the ignored signal through exec, and Python
-    leaves it ignored; a forked one sets it first thing (the fork server resets it)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if before is None else before)
 
 
 @contextmanager

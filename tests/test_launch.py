@@ -73,53 +73,6 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
         parent.kill()
 
 
-CTRL_C_SCRIPT = textwrap.dedent("""
-    import os, sys, time
-    from gpupace.launch import run_ranks
-
-    def idle(rank, world):
-        time.sleep(100)
-
-    if __name__ == "__mp_main__":  # a spawned rank, importing, as torch keeps it a while
-        open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
-        time.sleep(5)
-
-    if __name__ == "__main__":
-        try:
-            run_ranks(idle, 2, timeout_s=100)
-        except KeyboardInterrupt:
-            print("caller interrupted", file=sys.stderr)
-            sys.exit(130)
-""")
-
-
-def test_ctrl_c_while_the_ranks_import_is_the_callers_alone(tmp_path):
-    """Ctrl-C reaches the whole foreground process group: ranks still importing printed a
-    KeyboardInterrupt traceback each, on top of the caller's clean stop."""
-    script = tmp_path / "job.py"
-    script.write_text(CTRL_C_SCRIPT)
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    parent = subprocess.Popen([sys.executable, str(script), str(pids)], stderr=subprocess.PIPE,
-                              text=True, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while len(list(pids.iterdir())) < 2:
-            assert time.monotonic() < deadline, "the ranks did not start"
-            time.sleep(0.05)
-        ranks = [int(p.name) for p in pids.iterdir()]
-        os.killpg(parent.pid, signal.SIGINT)  # as a terminal's Ctrl-C
-        assert parent.wait(timeout=30) == 130
-        said = parent.stderr.read()
-        assert "caller interrupted" in said and "Traceback" not in said, said
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(pid) for pid in ranks), "a rank outlived its caller"
-    finally:
-        parent.kill()
-
-
 @pytest.fixture
 def forked(monkeypatch):
     if "forkserver" not in multiprocessing.get_all_start_methods():
