@@ -1,8 +1,9 @@
 """How soon the policy paces, measured in the simulator: the holdoff of a rank never last at a
 site (`gpupace.policy.holdoff`) is 5 calm steps for each rank that has been, so a job whose
-last arrival is always one rank (`locality`: a rank of the slow node) is paced within tens of
-steps at any size, while one whose stalls fall on any rank (`jitter`) is held off for at
-least about 5 steps a rank, as before.
+last arrival is always one rank (`locality`: the slow ranks 6 and 7 of every node, the first of
+them always last) is paced within tens of steps at any size, one whose slow ranks take turns
+(the same with 1% compute noise) after 5 steps for each of them, while one whose stalls fall on
+any rank (`jitter`) is held off for at least about 5 steps a rank, as before.
 
 Per preset and size, one gpupace run and one without pacing, same seed:
   first_delay    the first step at which the policy delayed any rank
@@ -31,10 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import RESULTS_DIR, Harness, Machine, description  # noqa: E402
 
-# (preset, nodes of 8 ranks, steps): a persistent straggler up to 4096 ranks, a few hundred
-# steps; random stalls long enough to pass the 5-steps-a-rank holdoff, plus 1500.
-CASES = (("locality", 8, 400), ("locality", 64, 400), ("locality", 512, 400),
-         ("jitter", 8, 5 * 64 + 1500), ("jitter", 64, 5 * 512 + 1500))
+# (preset, nodes of 8 ranks, steps, compute noise): a persistent straggler up to 4096 ranks, a
+# few hundred steps; the slow ranks (2 a node) taking turns; random stalls long enough to pass
+# the 5-steps-a-rank holdoff, plus 1500.
+CASES = (("locality", 8, 400, 0.0), ("locality", 64, 400, 0.0), ("locality", 512, 400, 0.0),
+         ("locality", 8, 1500, 0.01), ("locality", 64, 1500, 0.01),
+         ("jitter", 8, 5 * 64 + 1500, None), ("jitter", 64, 5 * 512 + 1500, None))
 
 
 def bench_holdoff(h: Harness, cases=CASES) -> None:
@@ -43,9 +46,11 @@ def bench_holdoff(h: Harness, cases=CASES) -> None:
     from gpupace.sim.simulate import policy_start_step
 
     cfg = PaceConfig(mode="pace")
-    for name, nodes, steps in cases:
+    for name, nodes, steps, noise in cases:
         sc = presets.get_preset(name, nodes, 8)
-        h.progress(f"{name}, {sc.ranks} ranks x {steps} steps")
+        if noise is not None:
+            sc = sc.replace(noise_sigma=noise)
+        h.progress(f"{name}, {sc.ranks} ranks x {steps} steps, noise {sc.noise_sigma}")
         none, paced = (simulate(sc, p, config=cfg, steps=steps, seed=0)
                        for p in ("none", "gpupace"))
         delayed = paced.delay_us > 0  # [steps, ranks]
@@ -53,7 +58,7 @@ def bench_holdoff(h: Harness, cases=CASES) -> None:
         old_rule = policy_start_step(cfg, sc.ranks)
         skip = max(old_rule, steps // 2) if old_rule <= 0.8 * steps else steps // 2
         gain = 100.0 * (paced.summary(skip)["throughput"] / none.summary(skip)["throughput"] - 1)
-        case = {"preset": name, "ranks": sc.ranks, "steps": steps}
+        case = {"preset": name, "noise": sc.noise_sigma, "ranks": sc.ranks, "steps": steps}
         h.record("first_delay", case, [any_step[0] if any_step.size else np.nan],
                  metric="step", unit="step")
         h.record("paced_ranks", case, [100.0 * delayed[-steps // 10:].any(axis=0).mean()],
