@@ -75,8 +75,9 @@ class PaceConfig:
     zero delay at any one step (over a long run most pass it now and then). Measured in the
     simulator (bench/sim_holdoff.py, 2026-12-01): one rank always last, the first delay came
     at step 10 at 64, 512 and 4096 ranks (a holdoff of 5N for all, the rule until then: not
-    before 325, 2565 and 20,485); random stalls on any of 512 ranks, at step 2557 (5N: 2565,
-    the code of 60917ff, one-off)."""
+    before 325, 2565 and 20,485); two slow GPUs a node taking turns (1% compute noise), 16 at
+    64 ranks and 128 at 512, at step 85 and 645 (5N: 325, 2565); random stalls on any of 512
+    ranks, at step 2557 (5N: 2565, the code of 60917ff, one-off)."""
 
     holdoff_max: int | None = None
     """Upper bound on the holdoff in steps (default 1,000,000: none below 200,000 ranks). A

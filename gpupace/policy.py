@@ -149,11 +149,12 @@ def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
     `holdoff_steps` (`update_reference`). The holdoff keeps a rank that is only sometimes early
     from being delayed into the straggler: if the last arrival is random over k ranks, each is
     last about once in k steps, and 5k calm steps leave ~e^-5 of them past it at any step, as
-    5N did when k was taken to be N. With one persistent straggler, or a slow node's 8 GPUs
-    taking turns, k is 1 or 8 and the others are paced after 5 or 40 steps (the 40
-    computed, not measured), where 5N meant 20,480 at 4096 ranks; a rank that is last now and
-    then beside a persistent straggler (2% of steps) has been last, so it keeps 5N: with 5k
-    for it too, it was delayed on 79% of the steps (a review's closed-loop run, 64 ranks).
+    5N did when k was taken to be N. With one persistent straggler, or k slow GPUs taking
+    turns, the others are paced after 5 or 5k steps (bench/sim_holdoff.py: 2 slow GPUs a node
+    with 1% compute noise, 128 at 512 ranks, first delay at step 645), where 5N meant 2,560
+    at 512 ranks and 20,480 at 4096; a rank that is last now and then beside a persistent
+    straggler (2% of steps) has been last, so it keeps 5N: with 5k for it too, it was delayed
+    on 79% of the steps (a review's closed-loop run, 64 ranks).
     Flags never clear: one rank late once, by a hiccup, counts for the rest of the job. With
     random stragglers over all N ranks, k after t steps is about N (1 - e^(-t/N)) and 5k stays
     above t, so above every calm counter, until t is 4.97N: the ranks never last pass about
