@@ -242,6 +242,19 @@ def test_oracle_gap_script_writes_its_results(tmp_path):
         gap_main(["--steps", "10"])
 
 
+def test_holdoff_script_measures_how_soon_the_policy_paces(tmp_path):
+    """One rank always last (`locality`, 8 ranks): the first delay at warm-up + 5; the old
+    rule's earliest step, computed, at warm-up + 5 x 8."""
+    from bench.harness import Harness
+    from bench.sim_holdoff import bench_holdoff
+
+    h = Harness("sim_holdoff", out_dir=tmp_path)
+    bench_holdoff(h, cases=(("locality", 1, 60, 0.0),))
+    got = {r["bench"]: r["p50"] for r in h.rows}
+    assert got["first_delay"] == 10 and got["n_last"] == 1 and got["holdoff_5n"] == 45
+    assert got["paced_ranks"] == 75.0  # the 6 fast ranks of 8; the slow two wait for nobody
+
+
 def test_attribution_script_sets_the_report_beside_each_cause_cost(tmp_path):
     from bench.sim_attribution import main as attribution_main
 
