@@ -161,8 +161,8 @@ def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
     when they did with 5N (bench/sim_holdoff.py, `jitter` at 512 ranks: the first delay at step
     2557, against 2565 with 5N; throughput -0.0016% against no pacing with either, at noise
     level: the 5N figures from one-off runs of the code of 60917ff, 2026-12-01). In float64,
-    as the device kernel's table of it (`kernels.update.holdoff_table`; float32 put 0.3 x 50
-    past 15), rounded up (`whole_steps`)."""
+    which the device kernel's table is made of (`kernels.update.holdoff_table`; float32 put
+    0.3 x 50 past 15), rounded up (`whole_steps`)."""
     hold = np.minimum(float(params.holdoff_steps),
                       params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
     return whole_steps(hold)

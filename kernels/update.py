@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -60,16 +61,17 @@ import torch
 import triton
 import triton.language as tl
 
+from gpupace.policy import holdoff
+
 from .launch import COMPILE_OPTIONS, Hot
 
-MODE_PACE = 2  # gpupace.policy.MODE_PACE; kernels do not import the library
+MODE_PACE = 2  # gpupace.policy.MODE_PACE, for the constexpr below
 OUTLIER_Z = 4.0  # gpupace.policy.OUTLIER_Z
 REC_OK, REC_STEP_TIME, REC_SPREAD, REC_RESIDUAL, REC_TRANSFER, REC_STRAGGLER = range(6)
 REC_ACTIVE, REC_SITE, REC_CAP, REC_N_SITES = range(6, 10)
 REC_HEAD = 10
 COUNTER_LEN = 3  # steps done, policy updates (state.step), the widest site count yet
 CALM_MAX = 1 << 30  # where the int32 calm counter stops
-_WHOLE = 1.0 - 1e-12  # gpupace.policy_fast.WHOLE
 
 
 @triton.jit
@@ -298,9 +300,10 @@ BLOCK_N = 1024  # ranks a pass of the telemetry record takes
 
 def holdoff_table(params: Any, n_ranks: int, device: Any = None) -> torch.Tensor:
     """int32 [n_ranks + 1]: the holdoff of a rank never last at a site where k ranks have been,
-    at k = 0..N (`gpupace.policy.holdoff`, as it computes it: in float64, rounded up). Made
-    once for each setting and device: `update` launches (the virtual cluster's, every step)
-    would otherwise copy it from host memory each time, a copy that waits for the stream."""
+    at k = 0..N, computed by `gpupace.policy.holdoff` itself (float64: float32 put 0.3 x 50
+    past 15). Made once for each setting and device: `update` launches (the virtual
+    cluster's, every step) would otherwise copy it from host memory each time, a copy that
+    waits for the stream."""
     return _holdoff_table(int(params.holdoff_steps), float(params.holdoff_factor), n_ranks,
                           str(torch.device(device) if device is not None else "cpu"))
 
@@ -308,8 +311,8 @@ def holdoff_table(params: Any, n_ranks: int, device: Any = None) -> torch.Tensor
 @functools.lru_cache(maxsize=16)
 def _holdoff_table(holdoff_steps: int, factor: float, n_ranks: int,
                    device: str) -> torch.Tensor:
-    k = np.maximum(np.arange(n_ranks + 1), 1).astype(np.float64)
-    hold = np.ceil(np.minimum(float(holdoff_steps), factor * k) * _WHOLE)  # whole_steps
+    params = SimpleNamespace(holdoff_steps=holdoff_steps, holdoff_factor=factor)
+    hold = holdoff(params, np.arange(n_ranks + 1))
     return torch.from_numpy(hold.astype(np.int32)).to(device)
 
 
