@@ -31,7 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 START_METHOD = "spawn"  # or "forkserver" (module docstring)
 START_METHODS = ("spawn", "forkserver")
@@ -80,8 +80,7 @@ def _forked_rank_main(payload, env, fds, rank, world_size, backend, store_path, 
     try:
         fn, args, kwargs = pickle.loads(payload)
     except BaseException:  # noqa: BLE001 - a module that fails to import here: say which
-        results.put((rank, False, (time.time(), traceback.format_exc())))
-        raise SystemExit(1) from None
+        _report_failure(results, rank)
     _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, results, args, kwargs)
 
 
@@ -117,8 +116,7 @@ def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, result
             value = fn(rank, world_size, *args, **kwargs)
         except BaseException:  # noqa: BLE001 - timed before the process group goes, which
             # fails the peers' collectives: the caller tells the first failure from theirs
-            results.put((rank, False, (time.time(), traceback.format_exc())))
-            raise SystemExit(1) from None
+            _report_failure(results, rank)
         finally:
             dist.destroy_process_group()
         # Plain pickle: torch's queue pickler would share tensors through file descriptors
@@ -127,8 +125,14 @@ def _rank_main(fn, rank, world_size, backend, store_path, coll_timeout_s, result
     except SystemExit:
         raise
     except BaseException:  # noqa: BLE001 - report anything, then exit non-zero
-        results.put((rank, False, (time.time(), traceback.format_exc())))
-        raise SystemExit(1) from None
+        _report_failure(results, rank)
+
+
+def _report_failure(results, rank: int) -> NoReturn:
+    """Reports the exception being handled, with the time it was seen (the caller names the
+    first failure), and ends the rank."""
+    results.put((rank, False, (time.time(), traceback.format_exc())))
+    raise SystemExit(1) from None
 
 
 def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
