@@ -374,10 +374,10 @@ class Pacer(Joinable):
         """What the pacer has learnt, for a checkpoint, so that a restarted job does not learn
         it all again (where the last arrival moves among many ranks, the holdoff alone is up to
         5 steps a rank: 20,480 steps at 4096 ranks): every rank's earliness floors, holdoff
-        counters and running means and variances, and the sites' on/off switch and count of
-        ranks that have been last (`gpupace.checkpoint`). A collective, like FSDP's full state dict:
-        call it on every rank, between steps, and save it from one; each rank gets the same
-        dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
+        counters, running means and variances and flags of the sites where each has been last,
+        and the sites' on/off switch (`gpupace.checkpoint`). A collective, like FSDP's full
+        state dict: call it on every rank, between steps, and save it from one; each rank gets
+        the same dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
         Synchronises (device backend)."""
         self._check_between_steps("state_dict")
         return checkpoint.gather(self._engine.policy_state(), steps=self.steps,
