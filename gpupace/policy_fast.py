@@ -62,7 +62,8 @@ def fused_update(params, floor, calm, mean, var, active, above, below, last_seen
     """Updates the state (floor, calm, mean, var, last_seen [S, N]; active, above, below,
     n_last [S]) in place from the measurements (w, d [N, S]; step_us [N]) and fills the
     outputs (delay [S, N], the next delays; valid [N]; per_site [4, S]: spread, residual,
-    transfer and the lowest w + d, that of the last arrival, from which every rank's earliness follows; straggler [S]).
+    transfer and the lowest w + d, that of the last arrival, from which every rank's earliness
+    follows; straggler [S]).
     `params`: `PolicyParams` as float64 [15], in its order. With `only` >= 0, the state and
     delays of that rank alone (a pacer's own); the other ranks' state rows and delays are not
     written (the caller keeps those delays at 0: zeroing them every step cost ~10 us at
