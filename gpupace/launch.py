@@ -3,7 +3,8 @@ process group, and returns every rank's result. Used by the demo, the benchmarks
 
 Nothing hangs: the whole run has a deadline, and a rank that fails or overruns ends the others
 with an error that names it and carries its traceback (the first to fail, not the peers whose
-collectives it broke); ranks end with their caller, even one killed by SIGKILL.
+collectives it broke); ranks end with their caller, even one killed by SIGKILL, and leave
+Ctrl-C to it (SIGINT blocked: its KeyboardInterrupt ends them).
 
 Ranks are spawned: each imports torch anew, ~1.5 s of CPU (4 ranks on the 2-core VM took 6 s
 to start and finish an all_reduce). With `START_METHOD = "forkserver"` (Linux; the tests set it)
@@ -176,9 +177,10 @@ def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
     out: dict[int, Any] = {}
     failed: dict[int, tuple[float, str]] = {}
     deadline = _now() + timeout_s
-    for p in procs:
-        p.start()
     try:
+        with _ctrl_c_to_caller():
+            for p in procs:
+                p.start()
         while len(out) + len(failed) < world_size:
             try:
                 rank, ok, value = results.get(timeout=max(0.1, min(1.0, deadline - _now())))
@@ -247,6 +249,22 @@ def _failure(procs: list, out: dict[int, Any], failed: dict[int, tuple[float, st
     if silent:
         lines.append(f"ranks {silent} had not reported when the others failed (hung?)")
     return "\n".join(lines)
+
+
+@contextmanager
+def _ctrl_c_to_caller() -> Iterator[None]:
+    """Ranks started here never see SIGINT: Ctrl-C reaches every process of the terminal's
+    foreground group, and ranks still importing torch (their first seconds) printed a traceback
+    each (112 lines at 4 ranks) while their caller, whose KeyboardInterrupt ends them all,
+    stopped the run anyway. The signal is blocked, not ignored, while they start: a rank
+    inherits the mask through fork and exec and keeps it, and a Ctrl-C meanwhile stays pending
+    here and is raised on leaving, where an ignored one was lost (a run went on). Forked ranks
+    inherit it from the fork server, started by the first rank it forks."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 @contextmanager

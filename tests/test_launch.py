@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -71,6 +72,68 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
             sig != signal.SIGKILL), said
     finally:
         parent.kill()
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import faulthandler, os, sys, time
+    from gpupace.launch import run_ranks
+
+    def idle(rank, world):
+        time.sleep(100)
+
+    if __name__ == "__mp_main__":  # a rank importing its caller's module, as torch takes a while
+        open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+        time.sleep(5)
+
+    if __name__ == "__main__":
+        faulthandler.dump_traceback_later(40, exit=True)  # a hang shows where, in the test
+        try:
+            run_ranks(idle, 2, timeout_s=100)
+        except KeyboardInterrupt:
+            print("caller interrupted", file=sys.stderr)
+            sys.exit(130)
+""")
+
+
+def test_ctrl_c_while_the_ranks_import_is_the_callers_alone(tmp_path):
+    """Ctrl-C reaches the whole foreground process group: spawned ranks still importing printed
+    a KeyboardInterrupt traceback each, on top of their caller's clean stop (forked ones exit
+    silently: the fork server's child catches Exception alone and exits 1)."""
+    script = tmp_path / "job.py"
+    script.write_text(CTRL_C_SCRIPT)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    parent = subprocess.Popen([sys.executable, str(script), str(pids)],
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids.iterdir())) < 2:
+            assert time.monotonic() < deadline, "the ranks did not start"
+            assert parent.poll() is None, f"the caller exited early: {parent.returncode}"
+            time.sleep(0.05)
+        ranks = [int(p.name) for p in pids.iterdir()]
+        os.killpg(parent.pid, signal.SIGINT)  # as a terminal's Ctrl-C
+        _, said = parent.communicate(timeout=60)
+        assert parent.returncode == 130, said
+        assert "caller interrupted" in said and "Traceback" not in said, said
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in ranks), "a rank outlived its caller"
+    finally:
+        parent.kill()
+
+
+def test_a_ctrl_c_while_the_ranks_start_is_raised_after_not_lost():
+    """Ignoring SIGINT while the ranks started (their inherited disposition) lost a Ctrl-C that
+    came meanwhile: the run went on. Blocked, it waits and is raised on leaving the block."""
+    reached = False
+    with pytest.raises(KeyboardInterrupt):
+        with launch._ctrl_c_to_caller():
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            time.sleep(0.05)
+            reached = True
+    assert reached, "raised while blocked"
 
 
 @pytest.fixture
