@@ -9,6 +9,7 @@ differs typically comes from a GPUPACE_* variable set on some hosts only.
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import numpy as np
@@ -26,13 +27,19 @@ SHARED = ("mode", "max_sites", "threshold_us", "release_us", "on_steps", "off_st
 BACKEND_CODES = ("host", "device")
 
 
-def settings_row(config: PaceConfig | None, backend: str | None) -> np.ndarray:
-    """The shared settings and the backend as float64, in `SHARED` order, backend last; all
-    NaN for a rank that could not make its settings (`config` None)."""
+def settings_row(config: PaceConfig | None, backend: str | None, token: int = 0) -> np.ndarray:
+    """The shared settings and the backend as float64, in `SHARED` order, backend next, and
+    this rank's `token` last (not compared: the run's id is rank 0's); all NaN for a rank that
+    could not make its settings (`config` None)."""
     if config is None or backend is None:
-        return np.full(len(SHARED) + 1, np.nan)
+        return np.full(len(SHARED) + 2, np.nan)
     values = [MODES.index(config.mode)] + [getattr(config, k) for k in SHARED[1:]]
-    return np.array(values + [BACKEND_CODES.index(backend)], dtype=np.float64)
+    return np.array(values + [BACKEND_CODES.index(backend), token], dtype=np.float64)
+
+
+def new_run_id() -> int:
+    """A random id of 52 bits, which a float64 holds exactly."""
+    return secrets.randbits(52)
 
 
 def failed_ranks(rows: np.ndarray) -> list[int]:
@@ -41,7 +48,7 @@ def failed_ranks(rows: np.ndarray) -> list[int]:
 
 
 def disagreements(rows: np.ndarray) -> list[str]:
-    """One line per setting on which the gathered rows [N, len(SHARED) + 1] differ from
+    """One line per setting on which the gathered rows [N, len(SHARED) + 2] differ from
     rank 0's: the value there and on which ranks it differs."""
     names = [*SHARED, "backend"]
     out = []
@@ -55,20 +62,21 @@ def disagreements(rows: np.ndarray) -> list[str]:
 
 
 def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any,
-                      pg_backend: str, world_size: int) -> None:
+                      pg_backend: str, world_size: int) -> int:
     """Raises ValueError on every rank, naming the settings and ranks, when the ranks of
-    `group` were built with different shared settings or backends. A collective: every rank
-    builds its `Pacer`. A rank whose own settings failed (a bad GPUPACE_* value on its host)
-    passes `config` None and raises its own error after this; the others raise here, naming
-    it, instead of waiting for it in their first step."""
-    row = torch.from_numpy(settings_row(config, backend))
+    `group` were built with different shared settings or backends; returns the run's id,
+    rank 0's `new_run_id` (the report tells one run's rank files from another's by it). A
+    collective: every rank builds its `Pacer`. A rank whose own settings failed (a bad
+    GPUPACE_* value on its host) passes `config` None and raises its own error after this;
+    the others raise here, naming it, instead of waiting for it in their first step."""
+    row = torch.from_numpy(settings_row(config, backend, new_run_id()))
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
         row = row.to(cuda_device(group))
     rows = [torch.empty_like(row) for _ in range(world_size)]
     dist.all_gather(rows, row, group=group)
     gathered = torch.stack(rows).cpu().numpy()
     if config is None:
-        return
+        return 0
     if failed := failed_ranks(gathered):
         raise ValueError(f"gpupace: rank(s) {', '.join(map(str, failed[:8]))}"
                          f"{' ...' if len(failed) > 8 else ''} could not build their Pacer "
@@ -79,6 +87,7 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
         raise ValueError("gpupace: the ranks were given different settings, and every rank must "
                          "pace with the same ones (a GPUPACE_* variable set on some hosts "
                          "only?):\n  " + "\n  ".join(lines))
+    return int(gathered[0, -1])
 
 
 def _show(name: str, value: float) -> str:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Joinable, JoinHook
 
 from . import checkpoint
-from .agree import check_ranks_agree
+from .agree import check_ranks_agree, new_run_id
 from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
 from .backends.host import HostEngine
 from .config import PaceConfig, fill_rank, per_rank_path
@@ -103,10 +103,12 @@ class Pacer(Joinable):
                 summary_writer()  # ImportError naming the package
         except (ValueError, RuntimeError, ImportError) as e:
             failure = e
+        run_id = new_run_id()
         if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
             ok = failure is None
-            check_ranks_agree(self.config if ok else None, self.backend if ok else None,
-                              group, pg_backend, self.world_size)
+            run_id = check_ranks_agree(self.config if ok else None,
+                                       self.backend if ok else None, group, pg_backend,
+                                       self.world_size)
         if failure is not None:
             raise failure
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
@@ -147,7 +149,8 @@ class Pacer(Joinable):
                 source="pacer", world_size=self.world_size, rank=self.rank, label=label,
                 config=self.config.to_dict(), samples_per_step=samples_per_step,
                 process_group_backend=pg_backend, pacer_backend=self.backend,
-                telemetry_every=self.telemetry_every, **extra, **(telemetry_extra or {}))
+                telemetry_every=self.telemetry_every, run_id=f"{run_id:013x}", **extra,
+                **(telemetry_extra or {}))
             try:
                 self._writer = TelemetryWriter(telemetry_file(path, me, subgroup), header,
                                                self.config.telemetry_interval, background=True,
@@ -631,7 +634,8 @@ def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> s
 
 # The header fields a Pacer writes beside make_header's
 PACER_HEADER_FIELDS = ("samples_per_step", "process_group_backend", "pacer_backend",
-                       "telemetry_every", "global_rank", "group_ranks", "resumed_at_step")
+                       "telemetry_every", "global_rank", "group_ranks", "resumed_at_step",
+                       "run_id")
 
 
 def _check_extra(extra: Any) -> None:

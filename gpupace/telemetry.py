@@ -5,7 +5,8 @@ File format (JSON lines), shared by `Pacer`, `gpupace demo` and the simulator:
   line 1, the header: {"gpupace": "telemetry", "format": 1, "source", "label", "rank",
       "world_size", "sites", "config", "versions", "host", "started"}, and optional fields:
       "first_measured_step" (where the figures start; else the config's warmup_steps),
-      "resumed_at_step" (a Pacer loaded from a checkpoint: its first step's number), ...
+      "resumed_at_step" (a Pacer loaded from a checkpoint: its first step's number),
+      "run_id" (a Pacer's, the same in each rank's file of one run), ...
   then one line per step, a `StepRecord`: scalars for the whole step plus per-rank lists
   (every rank holds the gathered matrix, so one file describes every rank).
 The writer hands its lines to the OS whenever it has caught up with the steps (a killed

@@ -305,6 +305,11 @@ def test_pacers_on_data_parallel_subgroups_write_a_file_each(tmp_path, name, fil
         assert (head["rank"], head["global_rank"], head["world_size"]) == (rank, global_rank, 2)
         assert head["group_ranks"] == ([0, 1] if global_rank < 2 else [2, 3])
         assert [r.step for r in read_telemetry(tmp_path / file).records] == [0, 1, 2]
+    # one id a run, rank 0's: each pair's files share theirs (the report groups by it)
+    ids = {g < 2: set() for _, g in files.values()}
+    for file, (_, g) in files.items():
+        ids[g < 2].add(read_header(tmp_path / file)["run_id"])
+    assert [len(v) for v in ids.values()] == [1, 1] and ids[True] != ids[False], ids
     runs = load_runs([tmp_path])
     assert sorted(tuple(r.header["group_ranks"]) for r in runs) == [(0, 1), (2, 3)]
     assert pairs(runs) == []  # parts of one job: neither is the other's baseline

@@ -12,6 +12,7 @@ import pytest
 
 from gpupace.cli import main
 from gpupace.report.diagnose import MODES, diagnose
+from gpupace.report.html import findings
 from gpupace.report.load import load_runs, to_run
 from gpupace.sim import presets, simulate, write_telemetry
 from gpupace.telemetry import StepRecord
@@ -472,6 +473,48 @@ def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
     # The same file given twice is read once, not compared with itself
     (once,) = load_runs([paths[0], paths[0]])
     assert f"{paths[0]} was given 2 times" in once.notes[0]
+
+
+@pytest.mark.parametrize("with_run_id", [True, False])
+def test_a_restarted_jobs_rank_files_are_two_runs_each_whole(sim_dir, tmp_path, capsys,
+                                                            with_run_id):
+    """A job restarted from a checkpoint on the same `{rank}` path: each rank's earlier file is
+    kept aside as .1, and a shell lists run.0.jsonl run.0.jsonl.1 run.1.jsonl run.1.jsonl.1.
+    The report made three runs of them, one pairing the old rank 0 with the new rank 1, and
+    compared the two halves as a paced run against a baseline. Files written before the run id
+    are told apart by their start times."""
+    src, _ = _telemetry(sim_dir, "locality", 1, 4, 1, policy="gpupace")
+    lines = src.read_text().splitlines()
+    header = {k: v for k, v in json.loads(lines[0]).items() if k != "sim"}
+    header["source"] = "pacer"  # a simulated run has no warm-up
+    records = [json.loads(line) for line in lines[1:]]
+    cfg = {**header["config"], "warmup_steps": 5}
+    old = {**header, "started": "2026-12-01T10:00:00+0000", "config": cfg}
+    new = {**header, "started": "2026-12-01T10:30:00+0000", "config": cfg,
+           "resumed_at_step": 100, "first_measured_step": 105}
+    if with_run_id:
+        old["run_id"], new["run_id"] = "a1", "b2"
+    paths = []
+    for rank in (0, 1):
+        for head, first, name in ((new, 100, f"run.{rank}.jsonl"),
+                                  (old, 0, f"run.{rank}.jsonl.1")):
+            body = [json.dumps({**r, "step": first + k}) for k, r in enumerate(records[:160])]
+            path = tmp_path / name
+            path.write_text("\n".join([json.dumps({**head, "rank": rank}), *body]) + "\n")
+            paths.append(path)
+    runs = load_runs(paths)
+    assert [(r.path.name, [p.name for p in r.other_files]) for r in runs] == [
+        ("run.0.jsonl", ["run.1.jsonl"]), ("run.0.jsonl.1", ["run.1.jsonl.1"])]
+    assert [int(r.step[0]) for r in runs] == [100, 0]
+    (comp,) = findings(runs, [diagnose(r) for r in runs])["comparisons"]
+    assert "one job before and after its restart from a checkpoint at step 100" in \
+        " ".join(comp["notes"]), comp["notes"]
+    assert diagnose(runs[0]).summary["warmup_steps_left_out"] == 5  # not step 105
+    assert diagnose(runs[1]).summary["warmup_steps_left_out"] == 5
+    # The folder stands for its *.jsonl files: the earlier run is named as left out
+    (alone,) = load_runs([tmp_path])
+    assert "left out: run.0.jsonl.1, run.1.jsonl.1, earlier runs kept aside" in \
+        " ".join(alone.notes), alone.notes
 
 
 def test_large_files_report_progress(sim_dir, monkeypatch):

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .load import Run, groups_of_one_job
+from .load import Run, groups_of_one_job, started_s
 
 # key -> (label, kind): "rel" change in % of the baseline; "pts" a fraction's change in
 # percentage points; "ms" an absolute change of a time in us, shown in ms.
@@ -75,6 +75,30 @@ def kind(run: Run) -> tuple:
     return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group
 
 
+def resumed_at(a: Run, b: Run) -> int | None:
+    """The step at which one of two runs went on with the other's job from a checkpoint (its
+    header's resumed_at_step, the same kind of run and settings, started after the other),
+    else None. Its file beside the one kept aside (run.jsonl, run.jsonl.1) read as a paced
+    run against another without a word."""
+    first, later = sorted((a, b), key=lambda r: started_s(r.header) or 0.0)
+    at, before = (r.header.get("resumed_at_step") for r in (later, first))
+    if not _step(at) or (before is not None and not (_step(before) and before < at)):
+        return None  # not resumed, or resumed before the other was (a later restart)
+    same = kind(first) == kind(later) and _settings(first) == _settings(later)
+    return at if same else None
+
+
+def _step(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _settings(run: Run) -> dict[str, Any]:
+    """The config of a run's header, its telemetry path aside."""
+    cfg = run.header.get("config")
+    return {k: v for k, v in cfg.items() if k != "telemetry_path"} if isinstance(cfg, dict) \
+        else {}
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
@@ -110,6 +134,9 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     and compared, when known), figures that could not be compared, a p99 of few steps, and a
     paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
     out = []
+    if runs is not None and (at := resumed_at(*runs)) is not None:
+        out.append(f"one job before and after its restart from a checkpoint at step {at}: "
+                   "not a paced run against a baseline")
     if runs is not None and kind(runs[0]) != kind(runs[1]):
         b, o = runs
         what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size

@@ -358,8 +358,10 @@ def _diagnose(run: Run) -> Diagnosis:
     st_all = run.step_time
     ok = measured(run)
     n = int(ok.sum())
+    first = int(run.step[0]) if run.steps else 0
     summary: dict[str, Any] = {"label": run.label, "steps": run.steps, "measured_steps": n,
-                               "warmup_steps_left_out": run.warmup_steps,
+                               # steps, not a step number: 5 after a restart at step 100
+                               "warmup_steps_left_out": max(0, run.warmup_steps - first),
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
         summary["note"] = (f"only {n} measured steps (need {MIN_STEPS}): not enough evidence "

@@ -342,17 +342,34 @@ def _heartbeat(path: Path, progress: Progress | None) -> Iterator[None]:
 
 
 def _run_key(header: dict[str, Any]) -> str:
-    """Files with the same key and different ranks are one run's rank files."""
+    """Files of one run's ranks have the same key (`_joins` tells two runs of one key apart)."""
     sim = header.get("sim") or {}
-    # group_ranks: a pacer on a data-parallel subgroup; each group's files are a run of their own
+    # group_ranks: a pacer on a data-parallel subgroup; each group's files are a run of their
+    # own; run_id: a Pacer's, one a run (files written before it had none); resumed_at_step:
+    # a job restarted from a checkpoint (its old files, kept aside as .1, have none)
     key = {k: header.get(k) for k in ("source", "label", "world_size", "sites", "config",
-                                      "group_ranks")}
+                                      "group_ranks", "run_id", "resumed_at_step")}
     key["sim"] = {k: sim.get(k) for k in ("preset", "policy", "seed", "steps")} \
         if isinstance(sim, dict) else None
     return json.dumps(key, sort_keys=True, default=str)
 
 
 JOB_START_S = 120  # one job's pacers start within this of each other (the ranks meet at once)
+
+
+def _joins(group: list[tuple[Path, dict[str, Any]]], header: dict[str, Any]) -> bool:
+    """Whether the file of `header` is another rank's file of the run of `group` (files of
+    one `_run_key`): its rank is not in the group yet and, without a run id (files written
+    before it), it started within JOB_START_S of the group's first."""
+    if header.get("rank") in {h.get("rank") for _, h in group}:
+        return False
+    return bool(header.get("run_id")) or _start_gap(group[0][1], header) <= JOB_START_S
+
+
+def _start_gap(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Seconds between two headers' starts; 0 when either is unreadable."""
+    ta, tb = started_s(a), started_s(b)
+    return 0.0 if ta is None or tb is None else abs(ta - tb)
 
 
 def groups_of_one_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -368,11 +385,11 @@ def groups_of_one_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
     if {k: v for k, v in ca.items() if k != "telemetry_path"} != \
             {k: v for k, v in cb.items() if k != "telemetry_path"}:
         return False
-    ta, tb = _started(a), _started(b)
+    ta, tb = started_s(a), started_s(b)
     return ta is None or tb is None or abs(ta - tb) <= JOB_START_S
 
 
-def _started(header: dict[str, Any]) -> float | None:
+def started_s(header: dict[str, Any]) -> float | None:
     """The header's start time in seconds (`make_header`'s format), None when unreadable."""
     try:
         return datetime.strptime(str(header.get("started")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
@@ -409,6 +426,20 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
             files.append(p)
             named.add(p.resolve())
     return files, listed - named
+
+
+def kept_aside(paths: Sequence[str | os.PathLike], files: Sequence[Path]) -> list[Path]:
+    """The earlier runs a directory among `paths` holds, kept aside as `<name>.jsonl.<k>` when
+    a pacer started again on a path (`telemetry.keep_aside`), and not among `files`: the
+    directory stands for its *.jsonl files alone, and a restarted job's report covered the
+    part after the restart without a word."""
+    given = {f.resolve() for f in files}
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(f for f in p.glob("*.jsonl.*") if f.suffix[1:].isdigit()
+                          and f.is_file() and f.resolve() not in given)
+    return out
 
 
 def _once_each(files: Sequence[Path]) -> tuple[list[Path], dict[Path, int]]:
@@ -468,7 +499,7 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     files, repeats = _once_each(given)
     # Grouped by their headers first: of one run's rank files (each holds every rank's rows)
     # only the lowest rank's is read, not all N.
-    groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    groups: dict[str, list[list[tuple[Path, dict[str, Any]]]]] = {}  # key -> its runs' files
     order: list[list[tuple[Path, dict[str, Any]]]] = []
     passed_over: list[str] = []  # a directory's .jsonl files that hold no run
 
@@ -485,11 +516,14 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         except NotTelemetry as e:
             pass_over(path, e)
             continue
-        key = _run_key(header)
-        group = groups.get(key)
-        ranks = {h.get("rank") for _, h in group} if group else set()
-        if group is None or header.get("rank") in ranks:
-            group = groups[key] = []  # a new run (same rank twice: not rank files of one run)
+        # Of the runs this file could belong to, the one started nearest: a shell's run.*
+        # lists a restarted job's run.0.jsonl, run.0.jsonl.1, run.1.jsonl, run.1.jsonl.1
+        runs_of_key = groups.setdefault(_run_key(header), [])
+        group = min((g for g in runs_of_key if _joins(g, header)),
+                    key=lambda g: _start_gap(g[0][1], header), default=None)
+        if group is None:
+            group = []
+            runs_of_key.append(group)
             order.append(group)
         group.append((path, header))
     runs: list[Run] = []
@@ -533,6 +567,10 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         raise ValueError("no gpupace telemetry among the files given: "
                          + "; ".join(passed_over))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
+    if aside := kept_aside(paths, given):
+        names = ", ".join(p.name for p in aside[:4]) + (" ..." if len(aside) > 4 else "")
+        runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "
+                             "again on their path (a restarted job): name them to report them")
     for i, run in enumerate(runs):
         siblings = [r.label for r in runs[:i] if groups_of_one_job(r.header, run.header)]
         if siblings:
