@@ -68,6 +68,19 @@ def test_a_rank_late_from_halfway_on_is_a_late_spell():
                                    "every other rank: 1.4")
 
 
+def test_a_step_of_a_spell_late_by_less_does_not_end_it():
+    """Rank 5 3 ms late in steps 40-119, but by 0.5 ms only at steps 48 and 115 (still last):
+    the spell read as steps 49-119, its edge stopped at the first step late by less than half
+    the offset, and its cost and share of the steps with it."""
+    e = _late(200, 16, {}, seed=1)
+    e[40:120] = _late(80, 16, {5: 3000.0}, seed=2)
+    e[[48, 115]] = _late(2, 16, {5: 500.0}, seed=3)
+    run = _run(e)
+    (spell,), _ = late_spells(run)
+    assert (spell["ranks"], spell["first_step"], spell["last_step"]) == ([5], 40, 119), spell
+    assert spell["late_fraction"] == pytest.approx(78 / 80)
+
+
 @pytest.mark.parametrize("world", [2, 3, 16])
 def test_random_weakly_or_always_late_ranks_make_no_late_spell(world):
     """No spell where a rank is late at random (heavy-tailed noise, 2000 steps), steadily but

@@ -8,7 +8,8 @@ Method, over the measured steps (`ranks.measured`):
 - windows of SPELL_STEPS steps, half a window apart: in each, the locality test of the whole
   run (`ranks.offsets_of`: an offset above `ranks.offset_floor`), late by half of it in
   SPELL_SHARE of the window's steps;
-- each rank's run of such windows, trimmed to the steps it was late by half its offset; kept
+- each rank's run of such windows, trimmed to the steps it was late by half its offset and
+  extended while it stays so (through SPELL_GAP steps that are not, a late one after); kept
   when at least SPELL_STEPS long, with at least SPELL_STEPS steps outside the rank's spells,
   in which it was late at most half as often; ranks whose stretches overlap by SAME_SPELL of
   the longer make one spell;
@@ -39,6 +40,9 @@ SPELL_STEPS = 50  # the window a late spell is found in, and its shortest length
 # 50). A whole run's locality asks 0.7 of many more steps.
 SPELL_SHARE = 0.85
 SAME_SPELL = 0.8  # ranks whose spells overlap by this much of the longer are late together
+# A spell's edge moves past this many steps in a row on which its rank was not late, when a
+# late step follows (a noisy step inside a spell is no end of it).
+SPELL_GAP = 3
 
 
 def spell_shaped(run: Run, ranks: list[int], offsets: np.ndarray) -> list[int]:
@@ -116,8 +120,8 @@ def late_spells(run: Run, exclude: list[int] | tuple[int, ...] = ()
 def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
                   rank: int) -> list[tuple[int, int, int, float]]:
     """One rank's spells from its runs of late windows [start, end): each trimmed to the
-    steps it was late by half its offset there and extended while it stays so (or unknown),
-    runs that then touch merged; none unless the rest of the run holds SPELL_STEPS steps and
+    steps it was late by half its offset there and extended while it stays so (or unknown;
+    `_reach`), runs that then touch merged; none unless the rest of the run holds SPELL_STEPS steps and
     the rank was late there at most half as often as in its spells. The fraction of a spell's
     steps the rank was late counts the steps it was known in, by the spell's own offset."""
     n = col.size
@@ -133,10 +137,8 @@ def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
                 a += 1
             while b > a and not late[b - 1]:
                 b -= 1
-            while a > 0 and go_on[a - 1]:
-                a -= 1
-            while b < n and go_on[b]:
-                b += 1
+            a = _reach(go_on, a - 1, -1) + 1
+            b = _reach(go_on, b, 1)
             if own and a <= own[-1][1]:
                 own[-1][1] = max(own[-1][1], b)
             else:
@@ -157,6 +159,21 @@ def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
         span[a:b] = True
         out.append((rank, a, b, _share(col >= 0.5 * off, known, span)))
     return out
+
+
+def _reach(go_on: np.ndarray, i: int, step: int) -> int:
+    """Where a spell's edge moves from step `i` outward (`step` -1 or 1): past each step on
+    which `go_on` holds, and past up to SPELL_GAP steps in a row on which it does not when one
+    on which it does follows: the first step of no spell's, or -1 or the end. One step late
+    by less than half the offset stopped a spell there (steps 40-119 read as 49-114)."""
+    edge, misses = i, 0
+    while 0 <= i < go_on.size and misses <= SPELL_GAP:
+        if go_on[i]:
+            edge, misses = i + step, 0
+        else:
+            misses += 1
+        i += step
+    return edge
 
 
 def _share(late: np.ndarray, known: np.ndarray, where: np.ndarray) -> float:
