@@ -6,6 +6,7 @@ known rank, long runs split into blocks, runs without a clear last rank. The end
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -171,13 +172,29 @@ def test_a_late_node_is_named_together_with_its_cost(late):
     line = headline(d)
     assert f"{names} steadily late, typically 3.0 ms behind the others (late in 100% of " \
         "steps); leading cause locality" in line, line
-    start = f"{names} arrived after every other rank by typically "
+    start = f"{names} arrived after every other rank in 100% of the steps, by typically "
     assert cost_line(d).startswith(start), cost_line(d)
     assert float(cost_line(d)[len(start):].split()[0]) == pytest.approx(3.0, abs=0.1)
     # a lower bound, and why: one collective's arrivals a step
     assert f": at least {group['cost_us_per_step'] / 1e3:.2f} ms a step" in cost_line(d)
     assert "seen at one collective a step" in cost_line(d)
     assert "no persistently late rank" not in line
+
+
+def test_a_steadily_late_rank_is_said_to_be_last_only_where_it_was():
+    """Rank 3 3 ms late in every step, rank 2 later still in half of them: the cost line said
+    rank 3 "arrived after every other rank ... in 100% of the steps" (the steps it was late
+    by half its offset) by a median lead that counted the others' steps as 0."""
+    e = _late(400, 16, {3: 3000.0}, seed=4)
+    half = np.random.default_rng(5).random(400) < 0.5
+    e[half, 2] -= 4000.0  # rank 2 arrives 1 ms after rank 3 there
+    d = diagnose(_run(e))
+    assert d.summary["late_group"]["ranks"] == [3]
+    m = re.match(r"rank 3 arrived after every other rank in (\d+)% of the steps, by typically "
+                 r"([\d.]+) ms", cost_line(d))
+    assert m, cost_line(d)
+    assert int(m[1]) == pytest.approx(100 * (~half).mean(), abs=2)
+    assert float(m[2]) == pytest.approx(3.0, abs=0.1)
 
 
 def test_a_late_rank_under_the_clear_last_bar_is_still_named():
@@ -188,7 +205,8 @@ def test_a_late_rank_under_the_clear_last_bar_is_still_named():
     d = diagnose(run)
     assert headline(d).startswith("r: rank 5 steadily late, typically 0.45 ms behind the "
                                   "others"), headline(d)
-    assert cost_line(d).startswith("rank 5 arrived after every other rank by typically 0.4")
+    assert re.match(r"rank 5 arrived after every other rank in 100% of the steps, by "
+                    r"typically 0\.4", cost_line(d)), cost_line(d)
 
 
 def test_how_far_behind_a_late_rank_is_counts_the_steps_it_was_last():

@@ -440,6 +440,10 @@ def _diagnose(run: Run) -> Diagnosis:
             "ranks": loc_ranks, "behind_others_us": behind_us,
             "late_fraction": float(consistency[loc_ranks[0]]),
             "paid_fraction": float(paying.mean()), "lead_us": loc_us,
+            # the steps in which they arrived after every other rank, and by how much then
+            # (`lead_us` is the median over the paying steps, 0 where another was last)
+            "last_fraction": float((lead > 0).mean()),
+            "last_lead_us": float(np.median(lead[lead > 0])) if (lead > 0).any() else 0.0,
             "cost_us_per_step": float(lead.mean()),
             "share_of_step": float(lead.sum() / st.sum()) if st.sum() > 0 else 0.0}
     if spells:
