@@ -323,23 +323,37 @@ def env_errors() -> list[str]:
     """Every GPUPACE_* setting of this process's environment that `PaceConfig()` would refuse,
     not only the first it meets: each value that does not parse, then what the checks say of
     the others (those that do not parse taken at their defaults)."""
-    errors, unreadable = [], {}
+    errors, unreadable, readable = [], {}, []
     for f in dataclasses.fields(PaceConfig):
         raw = os.environ.get(ENV_PREFIX + f.name.upper())
         if raw is not None:
             try:
                 _parse_env(f.name, raw)
+                readable.append(f.name)
             except ValueError as e:
                 errors.append(str(e))
-                # a value the checks take, so that they look at the other fields (None, the
-                # default of telemetry_every, would read the variable again)
-                default = DEFAULTS[f.name]
-                unreadable[f.name] = 1 if default is None else default
-    try:
-        PaceConfig(**unreadable)
-    except ValueError as e:
-        errors.append(str(e))
-    return errors
+                unreadable[f.name] = _stand_in(f.name)
+    # Each readable setting checked with the others at their defaults (a PaceConfig stops at
+    # the first check that fails), then, if each passes alone, all of them together.
+    alone = []
+    for name in readable:
+        try:
+            PaceConfig(**unreadable, **{n: _stand_in(n) for n in readable if n != name})
+        except ValueError as e:
+            alone.append(str(e))
+    if not alone:
+        try:
+            PaceConfig(**unreadable)
+        except ValueError as e:
+            alone.append(str(e))
+    return errors + list(dict.fromkeys(alone))
+
+
+def _stand_in(name: str) -> Any:
+    """A value of field `name` that its checks take, given in place of the environment's
+    (None, the default of telemetry_every, would read the variable again)."""
+    default = DEFAULTS[name]
+    return 1 if default is None else default
 
 
 def field_env() -> set[str]:

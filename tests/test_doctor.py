@@ -77,6 +77,21 @@ def test_doctor_lists_every_bad_setting_and_fails(capsys, monkeypatch):
         monkeypatch.delenv(name)
     assert main(["doctor", "--json", "--no-tick"]) == 0
     assert json.loads(capsys.readouterr().out)["settings_errors"] == []
+    # values that parse but are out of range: every one named (a PaceConfig names the first),
+    # and two that pass alone but not together
+    for name, value in (("GPUPACE_MODE", "bogus"), ("GPUPACE_GAIN", "7"),
+                        ("GPUPACE_TELEMETRY_EVERY", "0")):
+        monkeypatch.setenv(name, value)
+    assert main(["doctor", "--json", "--no-tick"]) == 1
+    errors = json.loads(capsys.readouterr().out)["settings_errors"]
+    assert [e.split()[0] for e in errors] == ["mode", "gain", "telemetry_every"], errors
+    for name in ("GPUPACE_MODE", "GPUPACE_GAIN", "GPUPACE_TELEMETRY_EVERY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GPUPACE_RELEASE_US", "150")
+    monkeypatch.setenv("GPUPACE_THRESHOLD_US", "100")
+    assert main(["doctor", "--json", "--no-tick"]) == 1
+    (error,) = json.loads(capsys.readouterr().out)["settings_errors"]
+    assert "release_us" in error, error
 
 
 def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
