@@ -170,6 +170,22 @@ def test_the_fit_names_a_late_node_of_half_the_ranks(tmp_path, late):
     assert f"{len(late)} ranks steadily late (up to 3." in fit.describe(), fit.describe()
 
 
+def test_a_small_fit_says_each_ranks_offset():
+    """4 ranks, offsets 0, 3.9, 6.1 and 17.2 ms (a demo's persistent straggler): the cut 6 sd
+    above the lower half, 2 offsets, was 23 ms, and the fit said 'no steadily late rank' while
+    it modelled rank 3 17 ms late."""
+    from gpupace.sim.calibrate import TelemetryFit
+
+    fit = TelemetryFit(source="demo", world_size=4, sites=1, steps=100, warmup_steps=0,
+                       samples_per_rank=1.0, compute_us=1e4, exposed_comm_us=0.0,
+                       offsets_us=(0.0, 3861.0, 6116.0, 17182.0), noise_sigma=0.0,
+                       spike_prob=0.0, spike_us=1000.0, spike_alpha=1.5)
+    assert fit.describe().endswith("steady offsets behind the earliest rank: rank 1 3.9 ms, "
+                                   "rank 2 6.1 ms, rank 3 17.2 ms"), fit.describe()
+    quiet = dataclasses.replace(fit, offsets_us=(0.0, 20.0, 50.0, 0.0))
+    assert quiet.describe().endswith("no steady offset"), quiet.describe()
+
+
 def test_the_fit_names_no_late_rank_in_offsets_of_noise_alone():
     """128 ranks whose offsets are noise (2 ms +- 150 us): a cut from the lower half's spread
     named some 'steadily late' in 72 seeds of 100; 6 sd above the lower half, in none."""
