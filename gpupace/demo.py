@@ -43,6 +43,9 @@ MAX_RANKS = 256  # one process a rank, on this machine
 # A rank's memory, its share of shared pages counted (Pss): 316 MB at 4 ranks, 266 MB while 12
 # started, on the 2-core VM (2026-12-01; torch, a gloo group, the model and its optimizer).
 RANK_BYTES = 320 * 2**20
+# A sample's memory in a step, forward and backward: 10.9 KB a sample at a batch of 20,000
+# (peak RSS, one process, 2026-12-01); a batch of 10^8 failed in the ranks, 102 GB asked for.
+SAMPLE_BYTES = 16 * 2**10
 MAX_SEED = 2**32  # torch's generators take seed * 1000 + rank; NumPy's any size
 
 
@@ -135,6 +138,12 @@ def run(args: argparse.Namespace) -> int:
     backend = _backend(args)
     _make_outputs(args)
     cores = os.cpu_count() or 1
+    floor_s = straggler_seconds(args)
+    if floor_s > 0.5 * args.timeout:  # the rest of each step and the ranks' start come on top
+        print(f"gpupace demo: warning: the straggler's work alone is {floor_s:.0f} s of the "
+              f"run ({args.steps} steps a side), and the rest of each step and the ranks' "
+              f"start come on top: the run may outlast --timeout ({args.timeout:.0f} s), "
+              f"which ends it without results", file=sys.stderr, flush=True)
     if args.ranks > 4 * cores:
         print(f"gpupace demo: warning: {args.ranks} ranks share {cores} cores, and the steps "
               f"grow with the ranks ({args.steps} a side): the run may outlast --timeout "
@@ -151,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
     schedule = make_schedule(args.scenario, args.ranks, args.steps, args.straggle_ms, args.seed)
     settle = settle_steps(config, args.ranks)
     print(f"gpupace demo: scenario {args.scenario}, {args.ranks} ranks ({backend}, "
-          f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms",
-          file=sys.stderr, flush=True)
+          f"wait={args.wait}), {args.steps} steps per run, straggler work {args.straggle_ms} ms; "
+          "starting the ranks", file=sys.stderr, flush=True)
     if settings := env_settings():
         print(f"gpupace demo: pacer settings from the environment: {', '.join(settings)}",
               file=sys.stderr, flush=True)
@@ -207,18 +216,31 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
     # Every step of both sides waits for the straggler's work at least: a run that cannot end
     # before the deadline is refused now, not killed at it (a typo of 20000 for 20 ms).
-    floor_s = 2 * args.steps * args.straggle_ms / 1e3
+    floor_s = straggler_seconds(args)
     if floor_s >= args.timeout:
         raise ValueError(f"--straggle-ms {args.straggle_ms:g} over {args.steps} steps a side is "
                          f"{floor_s:.0f} s of straggler work alone, past --timeout "
                          f"{args.timeout:g} s: use a smaller --straggle-ms or a larger --timeout")
     _check_outputs(args)
     have = available_memory()
-    if have is not None and args.ranks * RANK_BYTES > 0.9 * have:
-        raise ValueError(f"--ranks {args.ranks} needs about "
-                         f"{args.ranks * RANK_BYTES / 2**30:.1f} GiB (~{RANK_BYTES >> 20} MB a "
-                         f"rank), and this machine has {have / 2**30:.1f} GiB available: at most "
-                         f"{max(int(0.9 * have // RANK_BYTES), 0)} ranks here")
+    rank_bytes = RANK_BYTES + args.batch * SAMPLE_BYTES
+    if have is not None and args.ranks * rank_bytes > 0.9 * have:
+        most_batch = int((0.9 * have / args.ranks - RANK_BYTES) // SAMPLE_BYTES)
+        batch = (f" with --batch {args.batch} (~{SAMPLE_BYTES >> 10} KB a sample)"
+                 if args.batch * SAMPLE_BYTES > RANK_BYTES else "")
+        most_ranks = int(0.9 * have // rank_bytes)
+        fits = ([f"at most {most_ranks} ranks here"] if most_ranks >= 2 else []) + (
+            [f"at most --batch {most_batch} at {args.ranks} ranks"] if batch and most_batch >= 1
+            else [])
+        raise ValueError(f"--ranks {args.ranks}{batch} needs about "
+                         f"{args.ranks * rank_bytes / 2**30:.1f} GiB (~{RANK_BYTES >> 20} MB a "
+                         f"rank), and this machine has {have / 2**30:.1f} GiB available"
+                         + (": " + ", or ".join(fits) if fits else ""))
+
+
+def straggler_seconds(args: argparse.Namespace) -> float:
+    """The straggler's injected work over both sides' steps: the least any run can take."""
+    return 2 * args.steps * args.straggle_ms / 1e3
 
 
 def available_memory() -> int | None:

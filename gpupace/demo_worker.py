@@ -36,13 +36,18 @@ def work_units(n: int) -> None:
         a = a @ a  # stays bounded: the matrix is its own square
 
 
-def ms_per_unit(repeats: int = 200) -> float:
-    """Measured cost of one unit of injected work on this machine (one thread)."""
+def ms_per_unit(repeats: int = 50, rounds: int = 7) -> float:
+    """Measured cost of one unit of injected work on this machine (one thread): the median of
+    `rounds` timings, as one timing of 200 units read 13 to 42 us in three demos on the 2-core
+    VM, where fresh processes read 18-22 (the straggler then ran 10 ms behind for 20)."""
     torch.set_num_threads(1)
     work_units(20)
-    t = time.perf_counter()
-    work_units(repeats)
-    return (time.perf_counter() - t) * 1e3 / repeats
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        work_units(repeats)
+        times.append((time.perf_counter() - t) * 1e3 / repeats)
+    return float(np.median(times))
 
 
 class Spinner:
@@ -116,6 +121,8 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     steps = schedule.shape[0]
+    if show_progress and rank == 0:
+        print(f"  {label}: {steps} steps", file=sys.stderr, flush=True)
     try:
         for k in range(steps):
             x = torch.randn(batch, 256, generator=gen).to(device)

@@ -219,7 +219,11 @@ def test_a_demo_that_fails_leaves_the_earlier_demos_telemetry(tmp_path, capsys):
     # on the 2-core VM, and a fast one could have finished)
     rc = main(["demo", "--ranks", "2", "--steps", "998", "--straggle-ms", "1", "--timeout", "2",
                "--telemetry", str(tel)])
-    assert rc != 0 and "did not finish within 2 s" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc != 0 and "did not finish within 2 s" in err
+    # said before the ranks start: 2 s of straggler work alone, past half the deadline
+    assert "the straggler's work alone is 2 s of the run (998 steps a side)" in err, err
+    assert "may outlast --timeout (2 s), which ends it without results" in err, err
     # the new run's files went to a folder of their own, removed with them
     assert sorted(p.name for p in tel.iterdir()) == ["baseline-1.jsonl"]
     assert (tel / "baseline-1.jsonl").read_text() == "an earlier demo's\n"
@@ -234,15 +238,29 @@ def test_demo_refuses_nccl_without_gpus_before_spawning(tmp_path, capsys):
 
 def test_a_demo_of_more_ranks_than_memory_holds_is_refused_before_spawning(capsys):
     """~0.3 GB a rank: 64 ranks outgrew the 24 GB VM and the OOM killer ended the run."""
-    from gpupace.demo import MAX_RANKS, RANK_BYTES, available_memory
+    from gpupace.demo import MAX_RANKS, RANK_BYTES, SAMPLE_BYTES, available_memory
 
     have = available_memory()
-    if have is None or MAX_RANKS * RANK_BYTES <= 0.9 * have:
+    rank = RANK_BYTES + 32 * SAMPLE_BYTES  # the default batch
+    if have is None or MAX_RANKS * rank <= 0.9 * have:
         pytest.skip(f"this machine holds {MAX_RANKS} demo ranks")
     assert main(["demo", "--ranks", str(MAX_RANKS)]) == 2
     err = capsys.readouterr().err
-    assert f"--ranks {MAX_RANKS} needs about {MAX_RANKS * RANK_BYTES / 2**30:.1f} GiB" in err, err
+    assert f"--ranks {MAX_RANKS} needs about {MAX_RANKS * rank / 2**30:.1f} GiB" in err, err
     assert re.search(r"GiB available: at most \d+ ranks here", err), err  # the machine's figure
+
+
+def test_a_batch_beyond_memory_is_refused_before_spawning(capsys):
+    """A batch of 10^8 asked each rank for 102 GB: a rank's traceback from torch's allocator
+    after 17 s, where --batch is refused now, naming it and what fits."""
+    from gpupace.demo import available_memory
+
+    if available_memory() is None:
+        pytest.skip("this machine does not say how much memory it has")
+    assert main(["demo", "--ranks", "2", "--batch", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--ranks 2 with --batch 100000000 (~16 KB a sample) needs about" in err, err
+    assert re.search(r"GiB available: at most --batch \d+ at 2 ranks$", err.strip()), err
 
 
 def test_unknown_scenario_is_refused_by_argparse(capsys):
