@@ -236,7 +236,9 @@ class Pacer(Joinable):
         """Paces the synchronous collective issued inside the block: stamps arrival, waits this
         rank's delay, stamps entry; the exit is stamped when the block ends (use
         `all_reduce(..., async_op=True)` or `collective` for async ones). `collective(name)`:
-        its `issued`, which a synchronous block need not call, is the block's value."""
+        its `issued`, which a synchronous block need not call, is the block's value. Put the
+        collective alone in the block: work inside it before the collective (building its
+        input) is timed as waiting, so a rank slow there reads as early, not late."""
         return self.collective(name)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, *,
