@@ -517,6 +517,17 @@ def test_a_restarted_jobs_rank_files_are_two_runs_each_whole(sim_dir, tmp_path, 
         " ".join(alone.notes), alone.notes
 
 
+def test_two_paced_runs_compared_say_neither_is_a_baseline(sim_dir):
+    """`gpupace report runs/paced-1.jsonl runs/paced-2.jsonl` compared paced-2 against paced-1
+    as against a baseline, and where paced-2 delayed nobody said both ran the same code."""
+    runs = load_runs([_telemetry(sim_dir, "locality", 1, 4, seed, policy="gpupace")[0]
+                      for seed in (1, 2)])
+    (comp,) = findings(runs, [diagnose(r) for r in runs])["comparisons"]
+    assert f"both runs paced: {runs[0].label} stands in for a baseline" in \
+        " ".join(comp["notes"]), comp["notes"]
+    assert not any("same code" in n or "baseline's run again" in n for n in comp["notes"])
+
+
 def test_large_files_report_progress(sim_dir, monkeypatch):
     import gpupace.report.load as load
 

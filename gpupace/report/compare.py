@@ -154,7 +154,11 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     if fewest is not None and fewest < P99_STEPS:
         out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
                    "change is one step's")
-    if paced and other.get("delayed_fraction") == 0:
+    both_paced = paced and runs is not None and runs[0].mode == "pace"
+    if both_paced and resumed_at(*runs) is None:
+        out.append(f"both runs paced: {runs[0].label} stands in for a baseline, which the "
+                   "runs given have none of")
+    if paced and not both_paced and other.get("delayed_fraction") == 0:
         simulated = runs is not None and all(r.header.get("sim") for r in runs)
         out.append("pacing delayed nobody in the paced run: " + (
             "in the simulator that is the baseline's run again" if simulated else

@@ -113,7 +113,7 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
 
 def step_time(runs: Sequence[Run], out: Path) -> str:
     """Step time over the run, one line per run."""
-    return _series(runs, out, "step_time.png", "Step time (dashed: end of warm-up)",
+    return _series(runs, out, "step_time.png", "Step time (dashed: first measured step)",
                    "step time (ms)", lambda r: r.step_time)
 
 
@@ -125,7 +125,7 @@ def spread(runs: Sequence[Run], out: Path) -> str:
             ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: entry spread")
 
     return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank; dashed: "
-                   "end of warm-up)",
+                   "first measured step)",
                    "spread (ms)", lambda r: r.spread, residual)
 
 
@@ -266,6 +266,8 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
         ax2.set_yticks([0, 1])
         ax2.set_yticklabels(["off", "on"])
         ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
+        if run.warmup_steps:  # the title's shares count the steps after it
+            ax.axvline(run.warmup_steps, color="0.3", ls="--", lw=0.8)
         ax.set_ylabel("delay (ms)")
         ok = measured(run)
         on_measured = float(on[ok].mean()) if ok.any() else 0.0
@@ -277,7 +279,9 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
             ax.text(0.5, 0.5, f"no delays (mode {run.mode})" if run.mode else "no delays",
                     transform=ax.transAxes, ha="center", va="center", color="0.4")
         ax.set_title(f"{run.label}: pacing armed {100 * on_measured:.0f}% of the measured steps "
-                     f"(green), delays on {100 * delayed_measured:.0f}%", fontsize=10)
+                     f"(green), delays on {100 * delayed_measured:.0f}%"
+                     + ("; dashed: first measured step" if run.warmup_steps else ""),
+                     fontsize=10)
         ax.grid(alpha=0.3)
         if delayed.any():
             ax.legend(loc="upper left", fontsize=8)
