@@ -20,6 +20,8 @@ is compared over windows of 8 consecutive repeats. Rank 0's clock is reported.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .harness import Harness, interleave, median_ci
@@ -99,7 +101,10 @@ def _rank(rank: int, world_size: int, sizes: list[int], quick: bool) -> dict:
     import torch.distributed as dist
 
     out: dict = {}
-    for nbytes in sizes:
+    for k, nbytes in enumerate(sizes):
+        if rank == 0:  # the sizes take ~5 s each: said, as the caller waits for all of them
+            print(f"  gloo all_reduce {human(nbytes)} ({k + 1}/{len(sizes)})", file=sys.stderr,
+                  flush=True)
         t = torch.ones(nbytes // 4, dtype=torch.float32)
         delays: dict[str, list[float]] = {"paced": [], "paced8": []}
         # Full runs warm up one whole window, so paced8's steps fall on the same repeats each size;
