@@ -470,6 +470,12 @@ def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):
     paths[0].write_text("\n".join([json.dumps(dict(header, rank=0)), *lines[1:31]]) + "\n")
     (run,) = load_runs(paths)
     assert run.path == paths[1] and run.steps == full and "read rank 1's" in run.notes[0]
+    # Rank 0's file 3 records short, under 2% smaller: the file that reaches the last step
+    paths[0].write_text("\n".join([json.dumps(dict(header, rank=0)), *lines[1:-3]]) + "\n")
+    assert _size_ratio(paths) > 0.98
+    (run,) = load_runs(paths)
+    assert run.path == paths[1] and run.steps == full, run.notes
+    assert "read rank 1's (rank1.jsonl, the one that runs longest)" in run.notes[0], run.notes
     # The same file given twice is read once, not compared with itself
     (once,) = load_runs([paths[0], paths[0]])
     assert f"{paths[0]} was given 2 times" in once.notes[0]
@@ -526,6 +532,10 @@ def test_two_paced_runs_compared_say_neither_is_a_baseline(sim_dir):
     assert f"both runs paced: {runs[0].label} stands in for a baseline" in \
         " ".join(comp["notes"]), comp["notes"]
     assert not any("same code" in n or "baseline's run again" in n for n in comp["notes"])
+
+
+def _size_ratio(paths) -> float:
+    return paths[0].stat().st_size / paths[1].stat().st_size
 
 
 def test_large_files_report_progress(sim_dir, monkeypatch):

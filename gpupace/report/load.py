@@ -235,6 +235,29 @@ def group_note(ranks: list[int]) -> str:
     return f"{head}, global ranks {ranks}, in that order"
 
 
+TAIL_FILES = 64  # rank files of a run up to which each one's last step is read
+TAIL_BYTES = 1 << 20  # what is read of a file's end for it: lines of 125 KB at 4096 ranks
+
+
+def _last_step(path: Path) -> int:
+    """The step of the last whole record line in the file's last TAIL_BYTES, -1 if none
+    (cut short or corrupt lines are what the reader skips too)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, _size(path) - TAIL_BYTES))
+            tail = f.read(TAIL_BYTES)
+    except OSError:
+        return -1
+    for line in reversed(tail.split(b"\n")[1:-1]):  # the first may be cut by the seek
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+    return -1
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -529,12 +552,19 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     runs: list[Run] = []
     labels: dict[str, Path] = {}
     for group in order:
-        # Each rank file holds every rank's rows: read the lowest rank's, unless another is
-        # larger by more than the few bytes that the writers' own times make (its writer
-        # dropped records, or stopped early).
+        # Each rank file holds every rank's rows: read the lowest rank's of those that reach
+        # the run's last step (`_last_step`: a writer that stopped early, by 5 steps of 240,
+        # was read without a word), unless another is larger by more than the few bytes that
+        # the writers' own times make (its writer dropped records).
         group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
+        end = {p: _last_step(p) for p, _ in group} if 1 < len(group) <= TAIL_FILES else {}
+        last = max(end.values(), default=None)
+        longer = end.get(group[0][0], last) != last
+        if longer:  # the lowest rank of those that reach the last step
+            group.sort(key=lambda ph: end[ph[0]] != last)
         largest = max(group, key=lambda ph: _size(ph[0]))
-        fuller = _size(largest[0]) > 1.02 * _size(group[0][0])
+        fuller = _size(largest[0]) > 1.02 * _size(group[0][0]) and \
+            end.get(largest[0], last) == last
         if fuller:
             group.remove(largest)
             group.insert(0, largest)
@@ -552,8 +582,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
                              f"{header.get('rank') or 0}'s ({path.name}"
-                             f"{', the largest' if fuller else ''}): each holds every rank's "
-                             f"rows")
+                             f"{', the largest' if fuller else ''}"
+                             f"{', the one that runs longest' if longer and not fuller else ''}"
+                             "): each holds every rank's rows")
         dp_ranks = header.get("group_ranks")
         if isinstance(dp_ranks, list) and dp_ranks:
             run.notes.append(group_note(dp_ranks))
