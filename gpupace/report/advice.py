@@ -9,7 +9,7 @@ ACTIONS = {
     # holdoff, so a late rank that changes every step gets no delay (the simulator's
     # amplification preset: delays on 0% of the steps, +0.0% throughput).
     "sync_amplification": "a different rank is late each step and every rank waits for it; no "
-    "delay can be planned for a rank that is late at random (gpupace delays only ranks that "
+    "delay can be planned for ranks late in turn or at random (gpupace delays only ranks that "
     "are steadily early). Find what stalls single ranks (data loading, garbage collection, OS "
     "noise, throttling) and synchronise less often (larger DDP buckets, gradient accumulation "
     "with no_sync)",
