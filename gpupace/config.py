@@ -13,7 +13,7 @@ import numbers
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -354,6 +354,14 @@ def _stand_in(name: str) -> Any:
     (None, the default of telemetry_every, would read the variable again)."""
     default = DEFAULTS[name]
     return 1 if default is None else default
+
+
+def env_settings(skip: Iterable[str] = ()) -> list[str]:
+    """The GPUPACE_* settings of PaceConfig's fields in this process's environment, as
+    NAME=value, sorted, but for the fields in `skip`: a PaceConfig takes them, and they change
+    what a run does (GPUPACE_GAIN=0 delays nobody), so a run says so."""
+    left_out = {ENV_PREFIX + name.upper() for name in skip}
+    return [f"{k}={os.environ[k]}" for k in sorted(field_env() - left_out) if k in os.environ]
 
 
 def field_env() -> set[str]:

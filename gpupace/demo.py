@@ -122,12 +122,10 @@ PINNED = dict(mode="observe", warmup_steps=WARMUP_STEPS, telemetry_interval=20,
 
 
 def env_settings() -> list[str]:
-    """The GPUPACE_* settings of the environment the demo's pacers take (NAME=value): they
-    change what the paced side does (GPUPACE_GAIN=0 delays nobody), so the run says so."""
-    from .config import ENV_PREFIX, field_env
+    """The GPUPACE_* settings of the environment the demo's pacers take (`PINNED` aside)."""
+    from . import config
 
-    pinned = {ENV_PREFIX + name.upper() for name in PINNED}
-    return [f"{k}={os.environ[k]}" for k in sorted(field_env() - pinned) if k in os.environ]
+    return config.env_settings(skip=PINNED)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -137,7 +137,8 @@ class Scenario:
     hop_latency_us: float = 5.0
     """Latency per algorithm step of a collective, us (assumption)."""
     contention_mean: float = 0.0
-    """Mean extra load on a leaf switch from other traffic, as a fraction of its capacity."""
+    """Mean extra load on a switch from other traffic, relative to the job's own: a transfer
+    across it takes 1 + load times as long (`fabric.contention_factor`; 1 doubles it)."""
     contention_sigma: float = 0.0
     """Log-normal sigma of that load (0: constant)."""
     contention_rho: float = 0.95

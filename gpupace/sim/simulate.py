@@ -81,7 +81,8 @@ class SimResult:
         """Steady-state figures over steps `skip..` (default: the second half). Throughput in
         samples/s. The policy delays a rank only after its warm-up and the holdoff (5 steps
         for each rank that has been last at the site, up to 5 per rank: `policy_start_step`);
-        a run of fewer than twice that many steps shows none of its delays in the second half."""
+        a run of at most that many steps shows none of its delays, and one of fewer than twice
+        that many shows them in part of its second half only."""
         skip = self.steps // 2 if skip is None else skip
         st = self.step_us[skip:]
         st = st[np.isfinite(st)]
