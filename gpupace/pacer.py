@@ -84,6 +84,13 @@ class Pacer(Joinable):
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
         self._alone = pg_backend == "none"  # built with no process group: one rank
+        self._world = dist.group.WORLD if not self._alone else None  # `check_group`
+        if self._alone and _world_size_env() > 1:
+            raise RuntimeError(
+                f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this process is one rank of a "
+                "job, and torch.distributed is not initialized: build the Pacer after "
+                "init_process_group (built before, it takes the job for one rank, and every "
+                "rank writes its telemetry as rank 0)")
         # What can fail on some ranks only (this host's GPUPACE_* variables and packages)
         # fails after the ranks have compared settings, on every rank: raised before it, it
         # left the others waiting in that all_gather until the process group's timeout.
@@ -170,7 +177,11 @@ class Pacer(Joinable):
         if tensorboard_dir is not None and self.enabled and self.rank == 0:
             from .report.tensorboard import TensorBoardLogger  # names `pip install tensorboard`
 
-            self._tb = TensorBoardLogger(tensorboard_folder(tensorboard_dir, subgroup))
+            folder = tensorboard_folder(tensorboard_dir, subgroup)
+            try:
+                self._tb = TensorBoardLogger(folder)
+            except (OSError, RuntimeError, ValueError) as e:  # a folder that cannot be written
+                self._tensorboard_failed(e, folder)
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
@@ -202,11 +213,20 @@ class Pacer(Joinable):
         """Raises if this pacer was built before `torch.distributed.init_process_group` and a
         group exists now: it took the job for one rank, so it would exchange nothing and its
         DDP hook would divide the gradients by 1 instead of the world size."""
-        if self._alone and dist.is_available() and dist.is_initialized():
+        if self._alone:
+            if dist.is_available() and dist.is_initialized():
+                raise RuntimeError(
+                    "this Pacer was built before torch.distributed.init_process_group, so it "
+                    f"paces one rank, not the group's {dist.get_world_size()}; build the Pacer "
+                    "after init_process_group")
+        elif (self.group is None and self._world is not None
+              and dist.group.WORLD is not self._world):
+            # An in-process restart: attach() took the new model and its hook divided the
+            # gradients by the old world size (0.5x DDP's at 4 ranks made 2).
             raise RuntimeError(
-                "this Pacer was built before torch.distributed.init_process_group, so it "
-                f"paces one rank, not the group's {dist.get_world_size()}; build the Pacer "
-                "after init_process_group")
+                "this Pacer's process group was destroyed (destroy_process_group, then "
+                "perhaps init_process_group again): it paces the "
+                f"{self.world_size} ranks of the old one; build a new Pacer on the new group")
 
     @property
     def enabled(self) -> bool:
@@ -301,7 +321,15 @@ class Pacer(Joinable):
         self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
-        record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
+        try:
+            record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
+        except RuntimeError as e:
+            if "gpupace" in str(e) or self.world_size == 1:
+                raise
+            raise RuntimeError(  # a timeout, most often: a rank stepped once more or less
+                "gpupace: pacer.step() is a collective (one all_gather) and it failed: every "
+                "rank must call it once per step, after the same paced collectives "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
         if record is not None:
             self._keep(record)
         return record
@@ -349,7 +377,25 @@ class Pacer(Joinable):
             except (OSError, RuntimeError) as e:  # the writer's thread failed (a full disk)
                 self._telemetry_failed(e)
         if self._tb is not None:
-            self._tb.log(record)
+            self._tensorboard(lambda tb: tb.log(record))
+
+    def _tensorboard(self, use: Callable[[Any], None]) -> None:
+        """`use(logger)` on the TensorBoard logger; one that fails is dropped (`_tensorboard_failed`)."""
+        try:
+            use(self._tb)
+        except (OSError, RuntimeError, ValueError) as e:  # a full disk
+            tb, self._tb = self._tb, None
+            self._tensorboard_failed(e, tb.folder)
+            with contextlib.suppress(Exception):
+                tb.close()
+
+    @staticmethod
+    def _tensorboard_failed(error: BaseException, folder: Any) -> None:
+        """TensorBoard is a side channel, as the telemetry file is: a folder that cannot be
+        written (read-only, a full disk) ended rank 0, and the others failed in their next
+        collective. Warns, and training goes on without it."""
+        warn(f"gpupace: TensorBoard logging to {str(folder)!r} failed, training goes on "
+             f"without it: {error}")
 
     def _telemetry_failed(self, error: BaseException) -> None:
         """Telemetry is a side channel: a file that cannot be written must not end a training
@@ -418,7 +464,7 @@ class Pacer(Joinable):
             self._header.update(resumed_at_step=steps, first_measured_step=self._first_measured)
             self._writer.restate_header(self._header)
         if self._tb is not None:
-            self._tb.resume_at(steps)
+            self._tensorboard(lambda tb: tb.resume_at(steps))
 
     def _check_between_steps(self, what: str) -> None:
         self.check_group()
@@ -489,7 +535,7 @@ class Pacer(Joinable):
         own.)"""
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
-                     _engine=None, _writer=None, _tb=None, _closed=True)
+                     _engine=None, _writer=None, _tb=None, _closed=True, _world=None)
         return state
 
     def close(self) -> None:
@@ -505,7 +551,7 @@ class Pacer(Joinable):
             except (OSError, RuntimeError) as e:
                 self._telemetry_failed(e)
         if self._tb is not None:
-            self._tb.close()
+            self._tensorboard(lambda tb: tb.close())
             self._tb = None
 
     def __enter__(self) -> Pacer:
@@ -638,6 +684,14 @@ def telemetry_file(path: str, global_rank: int, subgroup: list[int] | None) -> s
 PACER_HEADER_FIELDS = ("samples_per_step", "process_group_backend", "pacer_backend",
                        "telemetry_every", "global_rank", "group_ranks", "resumed_at_step",
                        "run_id")
+
+
+def _world_size_env() -> int:
+    """The WORLD_SIZE a launcher (torchrun, SLURM's wrappers) sets, or 1."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def _check_extra(extra: Any) -> None:

@@ -25,6 +25,7 @@ import os
 import platform
 import queue
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -245,6 +246,15 @@ def names_a_folder(path: str | os.PathLike) -> bool:
     return text.endswith(("/", os.sep)) or os.path.basename(text) in ("", ".", "..")
 
 
+def _blocks_on_open(path: Path) -> bool:
+    """Whether opening `path` to write could wait for another process (a FIFO, a socket)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 def keep_aside(path: Path) -> Path | None:
     """Renames a non-empty file at `path` to `<name>.1` (or the first free `<name>.<k>`, which
     `gpupace report DIR` leaves out with its *.jsonl) and returns the new path; None when
@@ -302,16 +312,32 @@ class TelemetryWriter:
         if _held(self.path.resolve()):  # kept aside, it would go on being written as .1
             raise FileExistsError(f"{self.path} is being written by another telemetry writer "
                                   "of this process (two Pacers given one telemetry_path?)")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # it said FileExistsError: '/etc/passwd'
+            raise NotADirectoryError(f"telemetry path {str(path)!r}: a part of its folder, "
+                                     f"{str(self.path.parent)!r}, is a file") from None
+        if _blocks_on_open(self.path):  # a FIFO: open() waited for a reader, for ever
+            raise ValueError(f"telemetry path {str(path)!r} is a FIFO or socket, not a file")
         self.interval = interval
         # A restarted job given the same path keeps the run before (a Pacer's file), renamed
         # to path.1 (the first free number), instead of writing over it.
         self.kept: Path | None = keep_aside(self.path) if keep_previous else None
         self._pending = 0
+        self._resolved = self.path.resolve()
         self._file: TextIO | None = open(self.path, "w", encoding="utf-8")
+        try:
+            self._start(header, background)
+        except BaseException:  # the header could not be written (a full disk): no open file
+            with contextlib.suppress(OSError):  # its close flushes, and fails again
+                self._file.close()
+            _writing.pop(self._resolved, None)
+            raise
+
+    def _start(self, header: dict[str, Any], background: bool) -> None:
+        """The rest of `__init__`, once the file is open: the header, the thread."""
         self._pid = os.getpid()  # a forked child's copy of this writer is not its own
         self.written = 0  # records written to the file (the thread's progress, for close)
-        self._resolved = self.path.resolve()
         _writing[self._resolved] = self
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).

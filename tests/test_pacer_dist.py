@@ -787,6 +787,104 @@ def test_pacer_logs_live_scalars_to_tensorboard(tmp_path):
     assert [e.step for e in acc.Scalars("gpupace/step_time_ms")] == [1, 2, 3]
 
 
+def test_tensorboard_that_cannot_be_written_never_stops_training(tmp_path, monkeypatch):
+    """A side channel, as the telemetry file: a folder that cannot be made (or a read-only one)
+    raised from Pacer() on rank 0 alone, after the settings all_gather, and a full disk from
+    step(): the job died. Now it warns and trains on without it."""
+    pytest.importorskip("tensorboard", reason="needs tensorboard (pip install tensorboard)")
+    (tmp_path / "file").write_text("")
+    with pytest.warns(RuntimeWarning, match="TensorBoard logging to .*file/tb' failed, training "
+                                            "goes on without it"):
+        pacer = Pacer(PaceConfig(warmup_steps=0), tensorboard_dir=tmp_path / "file" / "tb")
+    _steps(pacer, 3)
+    assert pacer.steps == 3 and pacer._tb is None
+    pacer.close()
+    # the disk fills up under the logger (injected: no full disk to be had here)
+    pacer = Pacer(PaceConfig(warmup_steps=0), tensorboard_dir=tmp_path / "tb")
+    _steps(pacer, 2)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pacer._tb._writer, "add_scalar", full)
+    with pytest.warns(RuntimeWarning, match="No space left on device"):
+        _steps(pacer, 3)
+    assert pacer.steps == 5 and pacer._tb is None
+    pacer.close()
+
+
+def test_a_pacer_whose_process_group_was_made_anew_refuses_to_run():
+    """An in-process restart (destroy_process_group, init_process_group of another size):
+    attach() took the new model, and its hook divided the gradients by the old world size."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        pacer = Pacer(PaceConfig(mode="observe"))
+        pacer.step()
+    finally:
+        dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        made_anew = "this Pacer's process group was destroyed"
+        with pytest.raises(RuntimeError, match=made_anew):
+            pacer.attach(torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1)))
+        with pytest.raises(RuntimeError, match=made_anew):
+            pacer.step()
+        Pacer(PaceConfig(mode="observe")).step()  # one built on the new group runs
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_pacer_built_before_a_launchers_process_group_is_refused_at_once(monkeypatch):
+    """Built before init_process_group in a job of 3 (torchrun sets WORLD_SIZE), each rank
+    took itself for rank 0 and wrote the telemetry file, moving the others' aside."""
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=3 says this process is one rank of a "
+                                           "job, and torch.distributed is not initialized"):
+        Pacer(PaceConfig(mode="observe"))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    Pacer(PaceConfig(mode="observe")).step()
+
+
+def test_a_step_cut_short_leaves_no_sites_to_the_next(monkeypatch):
+    """Ctrl-C in step()'s all_gather (a notebook, a graceful-stop handler that trains on):
+    the step's sites stayed counted, and the next step read as the ranks disagreeing."""
+    pacer = Pacer(PaceConfig(warmup_steps=0))
+    _steps(pacer, 2)
+    with pacer.site("x"):
+        pass
+    engine = pacer._engine
+
+    def interrupted(row):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "_exchange", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pacer.step()
+    monkeypatch.undo()
+    assert engine.n_sites == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _steps(pacer, 2)
+    assert list(pacer.ring)[-1].step == pacer.steps - 1  # the last step recorded
+
+
+def _steps_once_more(rank, world):
+    pacer = Pacer(PaceConfig(warmup_steps=0))
+    for _ in range(3):
+        pacer.all_reduce(torch.ones(4))
+        pacer.step()
+    if rank == 1:  # once more than rank 0, which leaves
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "saw no paced collective since the last step()"
+            pacer.step()
+
+
+def test_a_rank_that_steps_once_more_is_told_what_step_is():
+    with pytest.raises(RuntimeError, match="pacer.step\\(\\) is a collective \\(one all_gather\\) "
+                                           "and it failed"):
+        run_ranks(_steps_once_more, 2, collective_timeout_s=5, timeout_s=60)
+
+
 def _disagreeing_sites(rank, world):
     pacer = Pacer(PaceConfig(warmup_steps=0))
     t = torch.ones(16)

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -633,3 +634,24 @@ def test_a_forked_child_leaves_its_parents_file_alone(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(list(range(8))), done.stdout
+
+
+def test_paths_a_writer_cannot_use_are_refused_clearly_and_leave_nothing_open(tmp_path):
+    """A FIFO (as a stuck mount does) kept Pacer() waiting in open() for ever; a folder that is
+    a file was reported as "File exists: '/etc/passwd'"; a header that could not be written
+    left its file open (a ResourceWarning)."""
+    import gc
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="is a FIFO or socket, not a file"):
+        TelemetryWriter(fifo, {})
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="a part of its folder, .*file', is a file"):
+        TelemetryWriter(tmp_path / "file" / "run.jsonl", {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OSError, match="No space left on device"):
+            TelemetryWriter("/dev/full", {})
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught

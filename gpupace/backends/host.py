@@ -175,8 +175,10 @@ class HostEngine:
             self._warned_unfinished = True
         width = self._width
         row = np.concatenate([[n_local, step_us], self.wait_us[:width], self.delay_us[:width]])
-        rows = self._exchange(row)
-        self._new_step()
+        try:
+            rows = self._exchange(row)
+        finally:  # a step cut short (Ctrl-C in the all_gather) leaves no sites to the next
+            self._new_step()
 
         counts = rows[:, 0]
         most = int(counts.max())  # the same on every rank: they all gathered these counts

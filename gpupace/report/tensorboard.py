@@ -43,6 +43,10 @@ class TensorBoardLogger:
         self.prefix, self._log_dir, self._flush_secs = prefix, str(log_dir), flush_secs
         self._writer = summary_writer()(log_dir=self._log_dir, flush_secs=flush_secs)
 
+    @property
+    def folder(self) -> str:
+        return self._log_dir
+
     def resume_at(self, step: int) -> None:
         """Goes on from `step` in the same folder, a resumed job's: a new event file that
         tells TensorBoard to hide the points earlier files hold from `step` on (the ones a
