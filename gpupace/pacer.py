@@ -110,12 +110,13 @@ class Pacer(Joinable):
                 summary_writer()  # ImportError naming the package
         except (ValueError, RuntimeError, ImportError) as e:
             failure = e
-        run_id = new_run_id()
         if self.world_size > 1:  # one all_gather: a rank set up differently fails here, named
             ok = failure is None
             run_id = check_ranks_agree(self.config if ok else None,
                                        self.backend if ok else None, group, pg_backend,
                                        self.world_size)
+        else:
+            run_id = new_run_id()
         if failure is not None:
             raise failure
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
@@ -219,10 +220,10 @@ class Pacer(Joinable):
                     "this Pacer was built before torch.distributed.init_process_group, so it "
                     f"paces one rank, not the group's {dist.get_world_size()}; build the Pacer "
                     "after init_process_group")
-        elif (self.group is None and self._world is not None
-              and dist.group.WORLD is not self._world):
+        elif self._world is not None and dist.group.WORLD is not self._world:
             # An in-process restart: attach() took the new model and its hook divided the
-            # gradients by the old world size (0.5x DDP's at 4 ranks made 2).
+            # gradients by the old world size (0.5x DDP's at 4 ranks made 2). Destroying the
+            # default group destroys the subgroups too.
             raise RuntimeError(
                 "this Pacer's process group was destroyed (destroy_process_group, then "
                 "perhaps init_process_group again): it paces the "
@@ -321,15 +322,7 @@ class Pacer(Joinable):
         self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
-        try:
-            record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
-        except RuntimeError as e:
-            if "gpupace" in str(e) or self.world_size == 1:
-                raise
-            raise RuntimeError(  # a timeout, most often: a rank stepped once more or less
-                "gpupace: pacer.step() is a collective (one all_gather) and it failed: every "
-                "rank must call it once per step, after the same paced collectives "
-                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from e
+        record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         if record is not None:
             self._keep(record)
         return record

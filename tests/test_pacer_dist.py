@@ -830,6 +830,13 @@ def test_a_pacer_whose_process_group_was_made_anew_refuses_to_run():
         with pytest.raises(RuntimeError, match=made_anew):
             pacer.step()
         Pacer(PaceConfig(mode="observe")).step()  # one built on the new group runs
+        on_a_subgroup = Pacer(PaceConfig(mode="observe"), group=dist.new_group([0]))
+    finally:
+        dist.destroy_process_group()  # the subgroups go with the default group
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match=made_anew):
+            on_a_subgroup.step()
     finally:
         dist.destroy_process_group()
 

@@ -4,6 +4,7 @@ process group; `device` (CUDA groups, Triton and CuPy) keeps the whole loop on t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 BACKENDS = ("auto", "host", "device")
 # What an engine's `issue()` returns where a collective needs no setup: one shared instance,
@@ -120,6 +121,25 @@ def blocking_wait_note(environ=None) -> str | None:
             "communication, and the host pays every collective's time. Unset it for paced runs: "
             "the process group's timeout still holds (NCCL's watchdog aborts a collective "
             "that outlives it, TORCH_NCCL_ASYNC_ERROR_HANDLING's default)")
+
+
+class ExchangeError(RuntimeError):
+    """`Pacer.step()`'s all_gather failed: a timeout, most often, as a rank stepped once more
+    or once less than the others; the collective's own error is its cause."""
+
+
+@contextlib.contextmanager
+def step_exchange() -> Iterator[None]:
+    """Around `Pacer.step()`'s all_gather: its failure says what the collective is (gloo said
+    "Connection reset by peer" or timed out, nothing of the pacer), as an ExchangeError."""
+    try:
+        yield
+    except RuntimeError as e:
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise ExchangeError(
+            "gpupace: pacer.step() is a collective (one all_gather) and it failed: every rank "
+            f"must call it once per step, after the same paced collectives ({type(e).__name__}: "
+            f"{first})") from e
 
 
 def gather_rows(out, row, group) -> None:

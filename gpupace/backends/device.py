@@ -45,7 +45,14 @@ from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord
 from ..warn import warn
-from . import NO_FORK, blocking_wait_note, cuda_device, device_backend_missing, gather_rows
+from . import (
+    NO_FORK,
+    blocking_wait_note,
+    cuda_device,
+    device_backend_missing,
+    gather_rows,
+    step_exchange,
+)
 from .tail import TailGraphs, tail_graph_wanted
 
 COPY_EVERY = 8  # steps between non-blocking copies of the telemetry ring
@@ -331,9 +338,11 @@ class DeviceEngine:
         if alone or self.group is None and not dist.is_initialized():
             self.gathered[0].copy_(self.row)
         elif self._cuda:
-            gather_rows(self.gathered, self.row, self.group)
+            with step_exchange():  # NCCL's failures come later, from the stream, if at all
+                gather_rows(self.gathered, self.row, self.group)
         else:  # gloo (CPU tests): the list form
-            dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
+            with step_exchange():
+                dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
 
     def _reduce(self, n: int) -> None:
         if self._cuda:

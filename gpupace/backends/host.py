@@ -24,7 +24,7 @@ from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record, prepare_record
 from ..warn import warn
-from . import NO_FORK, cuda_device, gather_rows, group_backend
+from . import NO_FORK, cuda_device, gather_rows, group_backend, step_exchange
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,8 @@ class HostEngine:
     def _exchange(self, row: np.ndarray) -> np.ndarray:
         if self.world_size == 1:
             return row[None, :]
-        gather_rows(self._gathered, torch.from_numpy(row).to(self._gathered.device),
-                    group=self.group)
+        with step_exchange():
+            gather_rows(self._gathered, torch.from_numpy(row).to(self._gathered.device),
+                        group=self.group)
         # [N, 2 + 2 W], overwritten by the next step's exchange (gloo takes a flat buffer)
         return self._gathered.cpu().numpy().reshape(self.world_size, -1)
