@@ -17,13 +17,11 @@ import torch
 import torch.distributed as dist
 
 from .backends import cuda_device
-from .config import MODES, PaceConfig
+from .config import CONTROL_LAW, MODES, PaceConfig
 
 # The settings that must match: whether and how wide the exchange runs, and every input of
 # the control law. Telemetry and ring settings may differ between ranks.
-SHARED = ("mode", "max_sites", "threshold_us", "release_us", "on_steps", "off_steps", "gain",
-          "guard_us", "max_delay_us", "cap_fraction", "floor_rise", "floor_fall",
-          "holdoff_factor", "holdoff_max", "overshoot_risk", "warmup_steps")
+SHARED = ("mode", "max_sites", *CONTROL_LAW)
 BACKEND_CODES = ("host", "device")
 
 

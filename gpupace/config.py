@@ -333,20 +333,20 @@ def env_errors() -> list[str]:
             except ValueError as e:
                 errors.append(str(e))
                 unreadable[f.name] = _stand_in(f.name)
-    # Each readable setting checked with the others at their defaults (a PaceConfig stops at
-    # the first check that fails), then, if each passes alone, all of them together.
-    alone = []
-    for name in readable:
+    # A PaceConfig stops at the first check that fails: the settings it names are put back
+    # to their defaults and it is made again, until it passes. A check of two settings
+    # (release_us <= threshold_us) names both, with the values given.
+    given = dict(unreadable)
+    while True:
         try:
-            PaceConfig(**unreadable, **{n: _stand_in(n) for n in readable if n != name})
+            PaceConfig(**given)
+            return errors
         except ValueError as e:
-            alone.append(str(e))
-    if not alone:
-        try:
-            PaceConfig(**unreadable)
-        except ValueError as e:
-            alone.append(str(e))
-    return errors + list(dict.fromkeys(alone))
+            named = [n for n in readable if n not in given and re.search(rf"\b{n}\b", str(e))]
+            errors.append(str(e))
+            if not named:  # nothing left to put back
+                return errors
+            given.update({n: _stand_in(n) for n in named})
 
 
 def _stand_in(name: str) -> Any:
@@ -354,6 +354,12 @@ def _stand_in(name: str) -> Any:
     (None, the default of telemetry_every, would read the variable again)."""
     default = DEFAULTS[name]
     return 1 if default is None else default
+
+
+# The settings the control law reads (`policy.PolicyParams`): what a simulated policy takes.
+CONTROL_LAW = ("threshold_us", "release_us", "on_steps", "off_steps", "gain", "guard_us",
+               "max_delay_us", "cap_fraction", "floor_rise", "floor_fall", "holdoff_factor",
+               "holdoff_max", "overshoot_risk", "warmup_steps")
 
 
 def env_settings(skip: Iterable[str] = ()) -> list[str]:

@@ -91,7 +91,13 @@ def test_doctor_lists_every_bad_setting_and_fails(capsys, monkeypatch):
     monkeypatch.setenv("GPUPACE_THRESHOLD_US", "100")
     assert main(["doctor", "--json", "--no-tick"]) == 1
     (error,) = json.loads(capsys.readouterr().out)["settings_errors"]
-    assert "release_us" in error, error
+    assert "release_us" in error and "got 150" in error, error
+    # a pair that is fine together is no error (each checked against the other's default,
+    # threshold 50 was refused beside the default release of 100)
+    monkeypatch.setenv("GPUPACE_RELEASE_US", "40")
+    monkeypatch.setenv("GPUPACE_THRESHOLD_US", "50")
+    assert main(["doctor", "--json", "--no-tick"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings_errors"] == []
 
 
 def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):

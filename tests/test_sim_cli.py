@@ -334,11 +334,12 @@ def test_policy_settings_from_the_environment_are_said_and_kept(tmp_path, capsys
     policy's settings."""
     js = tmp_path / "e.json"
     monkeypatch.setenv("GPUPACE_GAIN", "0.5")
+    monkeypatch.setenv("GPUPACE_MODE", "observe")  # not the simulated policy's: left unsaid
     assert main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "60",
                  "--json", str(js)]) == 0
     out = capsys.readouterr().out
-    said = "note: the gpupace policy ran with settings from the environment: GPUPACE_GAIN=0.5"
-    assert said in out, out
+    said = "note: the gpupace policy ran with settings from the environment: GPUPACE_GAIN=0.5 "
+    assert said in out and "GPUPACE_MODE" not in out, out
     doc = json.loads(js.read_text())
     assert doc["policy_config"]["gain"] == 0.5 and said in doc["notes"][0]
 
