@@ -231,8 +231,8 @@ def _check(args: argparse.Namespace, config: PaceConfig) -> None:
             [f"at most --batch {most_batch} at {args.ranks} ranks"] if batch and most_batch >= 1
             else [])
         raise ValueError(f"--ranks {args.ranks}{batch} needs about "
-                         f"{args.ranks * rank_bytes / 2**30:.1f} GiB (~{RANK_BYTES >> 20} MB a "
-                         f"rank), and this machine has {have / 2**30:.1f} GiB available"
+                         f"{args.ranks * rank_bytes / 2**30:.1f} GiB (~{rank_bytes / 2**20:,.0f} "
+                         f"MB a rank), and this machine has {have / 2**30:.1f} GiB available"
                          + (": " + ", or ".join(fits) if fits else ""))
 
 

@@ -259,7 +259,8 @@ def test_a_batch_beyond_memory_is_refused_before_spawning(capsys):
         pytest.skip("this machine does not say how much memory it has")
     assert main(["demo", "--ranks", "2", "--batch", "100000000"]) == 2
     err = capsys.readouterr().err
-    assert "--ranks 2 with --batch 100000000 (~16 KB a sample) needs about" in err, err
+    assert "--ranks 2 with --batch 100000000 (~16 KB a sample) needs about 3052.4 GiB " \
+        "(~1,562,820 MB a rank)" in err, err
     assert re.search(r"GiB available: at most --batch \d+ at 2 ranks$", err.strip()), err
 
 
