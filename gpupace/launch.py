@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import multiprocessing.forkserver
 import os
 import pickle
 import queue
@@ -72,6 +73,7 @@ def _caller_fds() -> list[_CallerFd | None]:
 def _forked_rank_main(payload, env, fds, rank, world_size, backend, store_path, coll_timeout_s,
                       results):
     """A forked rank: the caller's environment, stdout and stderr, then its function."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # Ctrl-C is the caller's
     os.environ.clear()
     os.environ.update(env)
     for target, fd in zip((1, 2), fds, strict=True):
@@ -152,6 +154,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, backend: str 
     forked = START_METHOD == "forkserver"
     if forked:
         ctx.set_forkserver_preload(PRELOAD)  # before the server starts; later calls change nothing
+        # Started here, not by the first rank inside `_ctrl_c_to_caller`: it would keep SIGINT
+        # blocked for this process's later forkserver children, the caller's own included.
+        multiprocessing.forkserver.ensure_running()
         # unpickled by each rank once the caller's environment is set
         caller = (pickle.dumps((fn, args, kwargs)), dict(os.environ), _caller_fds())
     results = ctx.Queue()
@@ -259,7 +264,7 @@ def _ctrl_c_to_caller() -> Iterator[None]:
     stopped the run anyway. The signal is blocked, not ignored, while they start: a rank
     inherits the mask through fork and exec and keeps it, and a Ctrl-C meanwhile stays pending
     here and is raised on leaving, where an ignored one was lost (a run went on). Forked ranks
-    inherit it from the fork server, started by the first rank it forks."""
+    block it themselves, first thing (`_forked_rank_main`)."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield

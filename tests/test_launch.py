@@ -245,3 +245,23 @@ def test_the_rank_that_failed_is_named_not_the_peers_it_took_down(how, message):
     with pytest.raises(RuntimeError, match=message) as e:
         run_ranks(_one_rank_fails, 4, how, timeout_s=60, collective_timeout_s=20)
     assert not str(e.value).startswith(("rank 0", "rank 1", "rank 2")), str(e.value)[:300]
+
+
+def _sigint_blocked(pid: int) -> bool:
+    status = open(f"/proc/{pid}/status").read()
+    blocked = int(next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1], 16)
+    return bool(blocked & (1 << (signal.SIGINT - 1)))
+
+
+def _my_sigint_blocked(rank, world):
+    return _sigint_blocked(os.getpid())
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_forked_ranks_block_ctrl_c_and_leave_the_fork_server_as_it_was(forked):
+    """Started by the first rank inside the block, the fork server kept SIGINT blocked for the
+    caller's later forkserver children too."""
+    assert run_ranks(_my_sigint_blocked, 2) == [True, True]
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    assert server is not None and not _sigint_blocked(server)
+    assert not _sigint_blocked(os.getpid())  # nor the caller, after the ranks started
