@@ -219,7 +219,7 @@ def test_paced_runs_are_compared_with_their_baselines(tmp_path, capsys):
 
 def test_every_count_leaves_the_warm_up_out(demo_like, tmp_path):
     run = load_runs([demo_like])[0]
-    assert run.warmup_steps == WARMUP and run.steps == STEPS
+    assert run.first_measured_step == WARMUP and run.steps == STEPS
     hist, counted, n = straggler_counts(run)
     s = diagnose(run).summary
     assert n == s["measured_steps"] == STEPS - WARMUP

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .load import Run, groups_of_one_job, started_s
+from .load import Run, groups_of_one_job, settings_of, started_s
 
 # key -> (label, kind): "rel" change in % of the baseline; "pts" a fraction's change in
 # percentage points; "ms" an absolute change of a time in us, shown in ms.
@@ -84,19 +84,12 @@ def resumed_at(a: Run, b: Run) -> int | None:
     at, before = (r.header.get("resumed_at_step") for r in (later, first))
     if not _step(at) or (before is not None and not (_step(before) and before < at)):
         return None  # not resumed, or resumed before the other was (a later restart)
-    same = kind(first) == kind(later) and _settings(first) == _settings(later)
+    same = kind(first) == kind(later) and settings_of(first.header) == settings_of(later.header)
     return at if same else None
 
 
 def _step(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _settings(run: Run) -> dict[str, Any]:
-    """The config of a run's header, its telemetry path aside."""
-    cfg = run.header.get("config")
-    return {k: v for k, v in cfg.items() if k != "telemetry_path"} if isinstance(cfg, dict) \
-        else {}
 
 
 def _num(v: Any) -> float | None:

@@ -347,11 +347,11 @@ def diagnose(run: Run) -> Diagnosis:
 def _unmeasured(run: Run) -> str:
     """Why the steps read are not measured: how many were warm-up, how many had no step time
     (the first has none: its step time is the interval from the step before)."""
-    warm = int((run.step < run.warmup_steps).sum())
+    warm = int((run.step < run.first_measured_step).sum())
     timed = np.isfinite(run.step_time) & (run.step_time > 0)
-    untimed = int((~timed & (run.step >= run.warmup_steps)).sum())
+    untimed = int((~timed & (run.step >= run.first_measured_step)).sum())
     return (f"of {run.steps} steps read, {warm} were warm-up (steps before "
-            f"{run.warmup_steps}) and {untimed} more had no step time above 0")
+            f"{run.first_measured_step}) and {untimed} more had no step time above 0")
 
 
 def _diagnose(run: Run) -> Diagnosis:
@@ -361,7 +361,7 @@ def _diagnose(run: Run) -> Diagnosis:
     first = int(run.step[0]) if run.steps else 0
     summary: dict[str, Any] = {"label": run.label, "steps": run.steps, "measured_steps": n,
                                # steps, not a step number: 5 after a restart at step 100
-                               "warmup_steps_left_out": max(0, run.warmup_steps - first),
+                               "warmup_steps_left_out": max(0, run.first_measured_step - first),
                                "world_size": run.world_size, "skipped_lines": len(run.skipped)}
     if n < MIN_STEPS:
         summary["note"] = (f"only {n} measured steps (need {MIN_STEPS}): not enough evidence "
@@ -381,7 +381,7 @@ def _diagnose(run: Run) -> Diagnosis:
     strag = run.straggler[ok]
 
     # -- locality: steady offsets
-    past_warmup = run.step >= run.warmup_steps
+    past_warmup = run.step >= run.first_measured_step
     offset, consistency, noise, loc_steps = locality_offsets(run, past_warmup)
     p50 = float(np.median(st))
     floor = offset_floor(noise, loc_steps, p50)

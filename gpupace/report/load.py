@@ -89,8 +89,9 @@ class Run:
         return str(cfg.get("mode", "")) if isinstance(cfg, dict) else ""
 
     @property
-    def warmup_steps(self) -> int:
-        """Steps at the start that the figures leave out (`telemetry.first_measured_step`)."""
+    def first_measured_step(self) -> int:
+        """The first step the figures count, a step number (after a restart at step 100 and a
+        warm-up of 5: 105): `telemetry.first_measured_step`."""
         return first_measured_step(self.header)
 
     @property
@@ -219,7 +220,8 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if given is not None and not (isinstance(given, (int, float))
                                   and not isinstance(given, bool) and given >= 0):
         run.notes.append(f"{path.name}: the header's first_measured_step {given!r:.40} is no "
-                         f"step number: the warm-up is {run.warmup_steps} steps (the config's)")
+                         f"step number: the figures start at step {run.first_measured_step} (the config's "
+                         "warm-up)")
     return run
 
 
@@ -241,14 +243,16 @@ TAIL_BYTES = 1 << 20  # what is read of a file's end for it: lines of 125 KB at 
 
 def _last_step(path: Path) -> int:
     """The step of the last whole record line in the file's last TAIL_BYTES, -1 if none
-    (cut short or corrupt lines are what the reader skips too)."""
+    (lines cut short or corrupt are passed over, as the reader skips them)."""
+    start = max(0, _size(path) - TAIL_BYTES)
     try:
         with path.open("rb") as f:
-            f.seek(max(0, _size(path) - TAIL_BYTES))
+            f.seek(start)
             tail = f.read(TAIL_BYTES)
     except OSError:
         return -1
-    for line in reversed(tail.split(b"\n")[1:-1]):  # the first may be cut by the seek
+    lines = tail.split(b"\n")[1 if start else 0:]  # the first is cut by the seek
+    for line in reversed(lines):  # a line cut short does not parse
         try:
             step = json.loads(line).get("step")
         except (ValueError, AttributeError):
@@ -380,6 +384,13 @@ def _run_key(header: dict[str, Any]) -> str:
 JOB_START_S = 120  # one job's pacers start within this of each other (the ranks meet at once)
 
 
+def settings_of(header: dict[str, Any]) -> dict[str, Any]:
+    """A header's pacer settings without its telemetry path (each group's, each restart's own)."""
+    cfg = header.get("config")
+    return {k: v for k, v in cfg.items() if k != "telemetry_path"} if isinstance(cfg, dict) \
+        else {}
+
+
 def _joins(group: list[tuple[Path, dict[str, Any]]], header: dict[str, Any]) -> bool:
     """Whether the file of `header` is another rank's file of the run of `group` (files of
     one `_run_key`): its rank is not in the group yet and, without a run id (files written
@@ -404,9 +415,7 @@ def groups_of_one_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
         return False
     if a.get("source") != b.get("source") or a.get("world_size") != b.get("world_size"):
         return False
-    ca, cb = (h.get("config") if isinstance(h.get("config"), dict) else {} for h in (a, b))
-    if {k: v for k, v in ca.items() if k != "telemetry_path"} != \
-            {k: v for k, v in cb.items() if k != "telemetry_path"}:
+    if settings_of(a) != settings_of(b):
         return False
     ta, tb = started_s(a), started_s(b)
     return ta is None or tb is None or abs(ta - tb) <= JOB_START_S

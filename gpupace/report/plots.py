@@ -95,11 +95,11 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
         ax.plot(x, med, lw=0.9, color=c, label=run.label)
         if med is not lo:
             ax.fill_between(x, lo, hi, color=c, alpha=0.2, lw=0)
-        if run.warmup_steps:
-            ax.axvline(run.warmup_steps, color=c, ls="--", lw=0.8, alpha=0.7)
+        if run.first_measured_step:
+            ax.axvline(run.first_measured_step, color=c, ls="--", lw=0.8, alpha=0.7)
         if extra is not None:
             extra(ax, run, c)
-        shown.append(hi[x >= run.warmup_steps])  # warm-up outliers may leave the axis
+        shown.append(hi[x >= run.first_measured_step])  # warm-up outliers may leave the axis
         every.append(hi)
     above = _ylim(ax, shown, every)
     ax.set_xlabel("step")
@@ -266,8 +266,8 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
         ax2.set_yticks([0, 1])
         ax2.set_yticklabels(["off", "on"])
         ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
-        if run.warmup_steps:  # the title's shares count the steps after it
-            ax.axvline(run.warmup_steps, color="0.3", ls="--", lw=0.8)
+        if run.first_measured_step:  # the title's shares count the steps after it
+            ax.axvline(run.first_measured_step, color="0.3", ls="--", lw=0.8)
         ax.set_ylabel("delay (ms)")
         ok = measured(run)
         on_measured = float(on[ok].mean()) if ok.any() else 0.0
@@ -280,7 +280,7 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
                     transform=ax.transAxes, ha="center", va="center", color="0.4")
         ax.set_title(f"{run.label}: pacing armed {100 * on_measured:.0f}% of the measured steps "
                      f"(green), delays on {100 * delayed_measured:.0f}%"
-                     + ("; dashed: first measured step" if run.warmup_steps else ""),
+                     + ("; dashed: first measured step" if run.first_measured_step else ""),
                      fontsize=10)
         ax.grid(alpha=0.3)
         if delayed.any():

@@ -92,7 +92,7 @@ def measured(run: Run) -> np.ndarray:
     """The steps every figure and count of the report uses: past the warm-up, with a step
     time (the first step has none)."""
     st = run.step_time
-    return np.isfinite(st) & (st > 0) & (run.step >= run.warmup_steps)
+    return np.isfinite(st) & (st > 0) & (run.step >= run.first_measured_step)
 
 
 def clear_last(run: Run) -> np.ndarray:

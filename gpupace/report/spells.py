@@ -165,7 +165,7 @@ def _reach(go_on: np.ndarray, i: int, step: int) -> int:
     """Where a spell's edge moves from step `i` outward (`step` -1 or 1): past each step on
     which `go_on` holds, and past up to SPELL_GAP steps in a row on which it does not when one
     on which it does follows: the first step of no spell's, or -1 or the end. One step late
-    by less than half the offset stopped a spell there (steps 40-119 read as 49-114)."""
+    by less than half the offset stopped a spell there (steps 40-119 read as 49-119)."""
     edge, misses = i, 0
     while 0 <= i < go_on.size and misses <= SPELL_GAP:
         if go_on[i]:

@@ -97,21 +97,22 @@ class TelemetryFit:
     def describe(self) -> str:
         """The fit in one line (`to_dict` holds every rank's offset: 10 KB at 512 ranks)."""
         offsets = np.asarray(self.offsets_us, dtype=np.float64)
-        # Late: 6 sd above the lower half of the offsets, the on-time ranks' (their noise
-        # from that half's spread: a half-normal's sd is 0.603 of the whole's). Not the noise
-        # every rank's median lateness behind the earliest one holds (75 "late" of 128 with 32
-        # truly so, by a cut at 100 us); not a median-based cut, which sat between the groups
-        # with half the ranks late and named none; not the lower tail's quantiles alone, which
-        # named some in 1 seed of 100 of noise alone.
-        low = offsets[offsets <= np.median(offsets)]
-        sd = float(np.std(low)) / 0.603
-        late = offsets[offsets >= max(100.0, float(low.max()) + 6.0 * sd)]
-        ranks = (f"{late.size} rank{'s' if late.size != 1 else ''} steadily late (up to "
-                 f"{late.max() / 1e3:.1f} ms)") if late.size else "no steadily late rank"
         if offsets.size < SMALL_WORLD:  # each offset said (a lower half of 2 gives no noise)
-            named = [f"rank {r} {_us(v)}" for r, v in enumerate(offsets) if v >= 100.0]
+            named = [f"rank {r} {_us(v)}" for r, v in enumerate(offsets) if v >= MIN_OFFSET_US]
             ranks = ("steady offsets behind the earliest rank: " + ", ".join(named)) if named \
                 else "no steady offset"
+        else:
+            # Late: 6 sd above the lower half of the offsets, the on-time ranks' (their noise
+            # from that half's spread: a half-normal's sd is 0.603 of the whole's). Not the
+            # noise every rank's median lateness behind the earliest one holds (75 "late" of
+            # 128 with 32 truly so, by a cut at 100 us); not a median-based cut, which sat
+            # between the groups with half the ranks late and named none; not the lower
+            # tail's quantiles alone, which named some in 1 seed of 100 of noise alone.
+            low = offsets[offsets <= np.median(offsets)]
+            sd = float(np.std(low)) / 0.603
+            late = offsets[offsets >= max(MIN_OFFSET_US, float(low.max()) + 6.0 * sd)]
+            ranks = (f"{late.size} rank{'s' if late.size != 1 else ''} steadily late (up to "
+                     f"{late.max() / 1e3:.1f} ms)") if late.size else "no steadily late rank"
         stalls = (f"stalls on {100 * self.spike_prob:.2f}% of rank-steps (from "
                   f"{_us(self.spike_us)} to {_us(self.spike_us * self.spike_clip)}, tail "
                   f"{self.spike_alpha:.1f})") if self.spike_prob > 0 else "no stalls"
@@ -125,6 +126,7 @@ class TelemetryFit:
 # Fewer ranks: the fit's description gives each rank's offset. At 4, the on-time half was 2
 # offsets, and their spread put the cut for "late" at 23 ms, above a rank modelled 17 ms late.
 SMALL_WORLD = 8
+MIN_OFFSET_US = 100.0  # an offset below this is not called steady (the file's noise)
 
 
 def _us(v: float) -> str:
