@@ -4,7 +4,6 @@ process group; `device` (CUDA groups, Triton and CuPy) keeps the whole loop on t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 BACKENDS = ("auto", "host", "device")
 # What an engine's `issue()` returns where a collective needs no setup: one shared instance,
@@ -128,18 +127,14 @@ class ExchangeError(RuntimeError):
     or once less than the others; the collective's own error is its cause."""
 
 
-@contextlib.contextmanager
-def step_exchange() -> Iterator[None]:
-    """Around `Pacer.step()`'s all_gather: its failure says what the collective is (gloo said
-    "Connection reset by peer" or timed out, nothing of the pacer), as an ExchangeError."""
-    try:
-        yield
-    except RuntimeError as e:
-        first = (str(e).splitlines() or [""])[0][:200]
-        raise ExchangeError(
-            "gpupace: pacer.step() is a collective (one all_gather) and it failed: every rank "
-            f"must call it once per step, after the same paced collectives ({type(e).__name__}: "
-            f"{first})") from e
+def exchange_error(e: RuntimeError) -> ExchangeError:
+    """What `Pacer.step()`'s failed all_gather says (gloo said "Connection reset by peer" or
+    timed out, nothing of the pacer); raise it `from e`. A function, not a context manager:
+    an eager device step's host time counts."""
+    first = (str(e).splitlines() or [""])[0][:200]
+    return ExchangeError(
+        "gpupace: pacer.step() is a collective (one all_gather) and it failed: every rank must "
+        f"call it once per step, after the same paced collectives ({type(e).__name__}: {first})")
 
 
 def gather_rows(out, row, group) -> None:

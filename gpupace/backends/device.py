@@ -50,8 +50,8 @@ from . import (
     blocking_wait_note,
     cuda_device,
     device_backend_missing,
+    exchange_error,
     gather_rows,
-    step_exchange,
 )
 from .tail import TailGraphs, tail_graph_wanted
 
@@ -337,12 +337,14 @@ class DeviceEngine:
         alone = self.world_size == 1 and not self.gather_alone
         if alone or self.group is None and not dist.is_initialized():
             self.gathered[0].copy_(self.row)
-        elif self._cuda:
-            with step_exchange():  # NCCL's failures come later, from the stream, if at all
+            return
+        try:
+            if self._cuda:  # NCCL's failures come later, from the stream, if at all
                 gather_rows(self.gathered, self.row, self.group)
-        else:  # gloo (CPU tests): the list form
-            with step_exchange():
+            else:  # gloo (CPU tests): the list form
                 dist.all_gather(list(self.gathered.unbind(0)), self.row, group=self.group)
+        except RuntimeError as e:
+            raise exchange_error(e) from e
 
     def _reduce(self, n: int) -> None:
         if self._cuda:

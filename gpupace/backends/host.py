@@ -24,7 +24,7 @@ from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record, prepare_record
 from ..warn import warn
-from . import NO_FORK, cuda_device, gather_rows, group_backend, step_exchange
+from . import NO_FORK, cuda_device, exchange_error, gather_rows, group_backend
 
 log = logging.getLogger(__name__)
 
@@ -254,8 +254,10 @@ class HostEngine:
     def _exchange(self, row: np.ndarray) -> np.ndarray:
         if self.world_size == 1:
             return row[None, :]
-        with step_exchange():
+        try:
             gather_rows(self._gathered, torch.from_numpy(row).to(self._gathered.device),
                         group=self.group)
+        except RuntimeError as e:
+            raise exchange_error(e) from e
         # [N, 2 + 2 W], overwritten by the next step's exchange (gloo takes a flat buffer)
         return self._gathered.cpu().numpy().reshape(self.world_size, -1)
