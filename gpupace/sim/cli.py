@@ -52,7 +52,7 @@ MIN_STEPS = 50
 # What a fit leaves out, said beside every fitted table: one file of a few ranks on one host
 # cannot show them, and scaled out to 64 nodes the paper preset's own 4-node file predicted
 # 9357 samples/s at CV 0.02 where the preset gives 8009 at 0.25 (regimes and the fabric made
-# nearly all of it; a review, 2026-12-01).
+# nearly all of it; bench/results/sim_fit_gap_intel-xeon-2c_20261201.md).
 UNFITTED = ("not fitted, as one file of a few ranks shows none of them: fabric contention, "
             "regime switches, the coupling, the gradients' size (25 MB a collective assumed); "
             "and a rank's lateness reads short at later collectives (its arrival waits for the "
