@@ -253,7 +253,7 @@ def test_a_resumed_pacer_numbers_its_steps_on_from_the_checkpoint(tmp_path):
     header = read_header(tmp_path / "run.jsonl")
     assert header["resumed_at_step"] == 5 and header["first_measured_step"] == 7
     [run] = load_runs([tmp_path / "run.jsonl"])
-    assert run.step.tolist() == [5, 6, 7, 8] and run.warmup_steps == 7
+    assert run.step.tolist() == [5, 6, 7, 8] and run.first_measured_step == 7
     assert read_header(tmp_path / "run.jsonl.1").get("resumed_at_step") is None  # the first
 
     acc = EventAccumulator(str(tmp_path / "tb"))
