@@ -538,6 +538,38 @@ def _size_ratio(paths) -> float:
     return paths[0].stat().st_size / paths[1].stat().st_size
 
 
+def test_plots_draw_labels_as_text_flat_series_plainly_and_say_an_undiagnosed_run(
+        sim_dir, tmp_path, capsys):
+    """A label with $ signs (an unexpanded shell variable) is text: matplotlib's math parser
+    failed on it, and the whole report with it. A flat series (a noiseless simulation) read
+    1e-10 + 9.8878e1 on its axis, steps of 1e-11 ms drawn as jumps. A run too short to
+    diagnose drew an empty bar in the lost-time plot, which reads as nothing lost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpupace.report.plots import _ylim
+
+    src, _ = _telemetry(sim_dir, "locality", 1, 4, 1)
+    lines = src.read_text().splitlines()
+    labelled = tmp_path / "dollar.jsonl"
+    labelled.write_text("\n".join([json.dumps({**json.loads(lines[0]), "label": "run_$EXP_$SEED"}),
+                                   *lines[1:]]) + "\n")
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(lines[:11]) + "\n")
+    assert main(["report", str(labelled), str(short), "--out", str(tmp_path / "out")]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "out" / "lost_time.png").is_file()
+    fig, ax = plt.subplots()
+    flat = np.full(50, 98.556111111111) + np.arange(50) * 1e-13
+    ax.plot(flat)
+    _ylim(ax, [flat], [flat])
+    lo, hi = ax.get_ylim()
+    assert hi - lo > 1.0 and lo < 98.5 < hi, (lo, hi)
+    plt.close(fig)
+
+
 def test_large_files_report_progress(sim_dir, monkeypatch):
     import gpupace.report.load as load
 

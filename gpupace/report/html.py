@@ -39,7 +39,7 @@ SUMMARY_ROWS = (  # key, label, scale, format
     # In % of the steps, as their change column's points (0.00 -> 1.00 read "+100.0 pts")
     ("active_fraction", "pacing armed (% of steps)", 100, "{:.0f}"),
     ("delayed_fraction", "steps with a delay (%)", 100, "{:.0f}"),
-    ("delay_mean", "delay per rank per step (ms)", 1e-3, "{:.3f}"),
+    ("delay_mean", "delay per rank per step, over its collectives (ms)", 1e-3, "{:.3f}"),
     ("lost_fraction", "time lost (share of the measured time)", 100, "{:.1f}%"),
     ("unattributed_share", "of which unattributed", 100, "{:.0f}%"),
     ("ideal_step_us", "ideal step (ms)", 1e-3, "{:.2f}"),

@@ -80,6 +80,10 @@ def _ylim(ax: Any, steady: list[np.ndarray], every: list[np.ndarray]) -> int:
     if top > 0 and allv.max() > top:
         ax.set_ylim(bottom=min(0.0, float(allv.min())), top=top)
         return int((allv > top).sum())
+    lo, hi = float(allv.min()), float(allv.max())
+    if hi - lo < 0.01 * max(abs(hi), 1e-3):  # flat: float noise drawn as steps of 1e-11 ms
+        mid = 0.5 * (lo + hi)
+        ax.set_ylim(mid - 0.05 * max(abs(mid), 1e-3), mid + 0.05 * max(abs(mid), 1e-3))
     return 0
 
 
@@ -102,6 +106,7 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
         shown.append(hi[x >= run.first_measured_step])  # warm-up outliers may leave the axis
         every.append(hi)
     above = _ylim(ax, shown, every)
+    ax.ticklabel_format(axis="y", useOffset=False)  # a flat series read 1e-10 + 9.8878e1
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"  ({above} point{'s' if above > 1 else ''} above the axis)"
@@ -113,8 +118,13 @@ def _series(runs: Sequence[Run], out: Path, name: str, title: str, ylabel: str,
 
 def step_time(runs: Sequence[Run], out: Path) -> str:
     """Step time over the run, one line per run."""
-    return _series(runs, out, "step_time.png", "Step time (dashed: first measured step)",
+    return _series(runs, out, "step_time.png", "Step time" + _dashed(runs),
                    "step time (ms)", lambda r: r.step_time)
+
+
+def _dashed(runs: Sequence[Run]) -> str:
+    """The title's word on the dashed line, where a run has one (a warm-up left out)."""
+    return " (dashed: first measured step)" if any(r.first_measured_step for r in runs) else ""
 
 
 def spread(runs: Sequence[Run], out: Path) -> str:
@@ -124,8 +134,8 @@ def spread(runs: Sequence[Run], out: Path) -> str:
             x, med, _, _ = _binned(run.step.astype(float), run.residual / 1e3)
             ax.plot(x, med, lw=0.8, ls=":", color=c, label=f"{run.label}: entry spread")
 
-    return _series(runs, out, "spread.png", "Arrival spread (earliest to latest rank; dashed: "
-                   "first measured step)",
+    return _series(runs, out, "spread.png", "Arrival spread, earliest to latest rank"
+                   + _dashed(runs),
                    "spread (ms)", lambda r: r.spread, residual)
 
 
@@ -157,6 +167,7 @@ def cdf(runs: Sequence[Run], out: Path) -> str:
     if allst.size and allst.max() > 20 * np.median(allst):
         ax.set_xscale("log")
     ax.set_title(cdf_title(runs))
+    ax.ticklabel_format(axis="x", useOffset=False)
     ax.set_xlabel("step time (ms)")
     ax.set_ylabel("fraction of steps")
     ax.grid(alpha=0.3)
@@ -268,7 +279,7 @@ def pacing(runs: Sequence[Run], out: Path) -> str:
         ax.set_ylim(bottom=0, top=max(1.05 * float(np.nanmax(tb, initial=0.0)), 0.1))
         if run.first_measured_step:  # the title's shares count the steps after it
             ax.axvline(run.first_measured_step, color="0.3", ls="--", lw=0.8)
-        ax.set_ylabel("delay (ms)")
+        ax.set_ylabel("delay a step (ms)")  # a rank's sum over its collectives
         ok = measured(run)
         on_measured = float(on[ok].mean()) if ok.any() else 0.0
         # Pacing on is not delays applied: a rank's delay starts only after its holdoff.
@@ -311,8 +322,11 @@ def lost_time(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path) -> str
                            if grey else mode) if j == 0 else None)
             left += w
         if "lost_fraction" in d.summary:
-            ax.text(left, j, f"  {100 * d.summary['lost_fraction']:.0f}% of the measured time",
+            ax.text(left, j, f"  {100 * d.summary['lost_fraction']:.1f}% of the measured time",
                     va="center", fontsize=8)
+        else:  # no bar is not "lost nothing"
+            ax.text(left, j, f"  not diagnosed: {d.summary.get('note', 'too little evidence')}"
+                    [:90], va="center", fontsize=8, color="0.4")
         right = max(right, left)
     ax.set_xlim(0, max(right * 1.35, 1e-3))
     ax.set_yticks(range(len(runs)))
@@ -346,12 +360,17 @@ def make_all(runs: Sequence[Run], diags: Sequence[Diagnosis], out: Path,
     jobs += [
         (lambda: stragglers(runs, out), "How often each rank arrived last, over the measured "
          "steps, and what its lateness cost: its lead as the last rank over the next-latest, "
-         "per measured step."),
+         "per measured step. Ranks late together (a node) lead the next-latest, one of them, "
+         "by nothing: what they cost together is in the text above."),
         (lambda: pacing(runs, out), "Delays applied to early ranks, and when pacing was on."),
     ]
     made = []
-    with warnings.catch_warnings():  # all-NaN slices (ranks missing from a record) are fine
-        warnings.simplefilter("ignore", RuntimeWarning)
+    import matplotlib
+
+    # Labels come from files: "run_$EXP_$SEED" (an unexpanded shell variable) is text, not
+    # math (matplotlib's parser failed on it, and the whole report with it).
+    with warnings.catch_warnings(), matplotlib.rc_context({"text.parse_math": False}):
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices: ranks missing
         for k, (job, caption) in enumerate(jobs):
             if progress is not None and len(runs[0].step) > 20_000:
                 progress(f"plot {k + 1}/{len(jobs)}")
