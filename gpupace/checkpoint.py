@@ -92,6 +92,19 @@ def gather(state: dict[str, np.ndarray] | None, *, steps: int, world_size: int, 
     return saved
 
 
+def _what(saved: Any) -> str:
+    """What was given in place of a pacer state, for the error: a whole checkpoint names its
+    pacer entry."""
+    if not isinstance(saved, dict):
+        return type(saved).__name__
+    if saved.get("format") is not None:
+        return f"format {saved.get('format')!r}"
+    inner = [k for k, v in saved.items() if isinstance(v, dict) and v.get("format") == FORMAT]
+    if inner:
+        return f"a dict whose {inner[0]!r} entry is one: pass state[{inner[0]!r}]"
+    return f"a dict with keys {sorted(map(str, saved))[:8]}"
+
+
 def unpack(saved: Any, *, world_size: int, max_sites: int,
            group_ranks: list[int] | None = None) -> dict[str, np.ndarray] | None:
     """The state in `saved` (from `gather`) as NumPy arrays, per-rank fields [N, S] and per-site
@@ -99,23 +112,29 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
     no sites. A ValueError saying what is wrong with it otherwise: another world size, or
     another data-parallel group (`group_ranks`, None for the whole world)."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        got = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"not a gpupace pacer state (Pacer.state_dict()): expected a dict with "
-                         f"format {FORMAT!r}, got {got!r}")
-    if saved.get("world_size") != world_size:
-        raise ValueError(f"this pacer state was saved by a job of {saved.get('world_size')} "
-                         f"ranks, and this pacer has {world_size}: each rank's state is its "
-                         f"own, so it cannot be carried over; start without it")
+                         f"format {FORMAT!r}, got {_what(saved)}")
+    # The group first: a whole-world pacer given a group's state (group= forgotten at the
+    # restart) was told the job had another size, and to start without the state.
     theirs = saved.get("group_ranks") or None
     mine = list(group_ranks) if group_ranks else None
     if theirs != mine:
         def who(ranks):
             return f"data-parallel group {ranks}" if ranks else "the whole world"
 
+        hint = ("build the pacer on that group, Pacer(..., group=ddp_model.process_group), "
+                "or " if theirs and not mine else "")
         raise ValueError(f"this pacer state was saved by the pacer of {who(theirs)}, and this "
-                         f"pacer's is {who(mine)}: each group has a state of its own (call "
+                         f"pacer's is {who(mine)}: {hint}each group has a state of its own (call "
                          f"state_dict() on every rank and save each group's, from one of its "
                          f"ranks)")
+    if saved.get("world_size") != world_size:
+        said = saved.get("world_size")
+        raise ValueError(f"this pacer state was saved by a job of {said} ranks, and this pacer "
+                         f"has {world_size}: each rank's state is its own, so it cannot be "
+                         f"carried over; start without it" if isinstance(said, int) else
+                         f"pacer state: 'world_size' must be the saving job's rank count, got "
+                         f"{said!r}")
     n = _count(saved, "sites")
     if n == 0:
         return None
@@ -130,9 +149,10 @@ def unpack(saved: Any, *, world_size: int, max_sites: int,
             raise ValueError(f"pacer state: {name!r} must be a tensor of shape {shape}, "
                              f"got {got}")
         a = value.detach().cpu().numpy()
-        if not np.isfinite(a.astype(np.float64)).all() or (name != "var" and (a < 0).any()):
-            raise ValueError(f"pacer state: {name!r} holds values that no pacer saves "
-                             f"(negative or not finite)")
+        bad = ~np.isfinite(a.astype(np.float64)) | ((a < 0) if name != "var" else False)
+        if bad.any():
+            raise ValueError(f"pacer state: {name!r} holds {float(a[bad].flat[0])!r}, a value "
+                             f"no pacer saves (negative or not finite)")
         out[name] = a[..., :max_sites].copy()  # not a view of the caller's tensors
     if (out["var"] < -1).any():
         raise ValueError("pacer state: 'var' holds values below -1 (-1 means no sample yet)")

@@ -127,6 +127,7 @@ class Pacer(Joinable):
         self.samples_per_step = samples_per_step
         self.steps = 0
         self._first_measured = self.config.warmup_steps  # the first step summary() counts
+        self._resumed_at = -1  # the step count a checkpoint's load set, until the next step
         self._t0 = time.perf_counter()
         if self.backend == "device":  # imported here: only the device backend needs triton
             from .backends.device import DeviceEngine
@@ -446,16 +447,20 @@ class Pacer(Joinable):
                                    group_ranks=_subgroup_ranks(self.group))
         steps = checkpoint.steps_of(state)
         self._engine.load_policy_state(learnt)
-        if steps and self.steps == 0:
+        if steps and (self.steps == 0 or self.steps == self._resumed_at):  # not stepped since
             self._resume_at(steps)
 
     def _resume_at(self, steps: int) -> None:
-        """Numbers this fresh pacer's steps on from `steps`, a checkpoint's count."""
-        self.steps = steps
+        """Numbers this fresh pacer's steps on from `steps`, a checkpoint's count (a second
+        load before any step takes the second's, with its state)."""
+        self.steps = self._resumed_at = steps
         self._first_measured = steps + self.config.warmup_steps
         if self._writer is not None:  # the report's warm-up: the header says where it ends
             self._header.update(resumed_at_step=steps, first_measured_step=self._first_measured)
-            self._writer.restate_header(self._header)
+            try:
+                self._writer.restate_header(self._header)
+            except (OSError, RuntimeError, ValueError) as e:  # a full disk: on this rank alone
+                self._telemetry_failed(e)
         if self._tb is not None:
             self._tensorboard(lambda tb: tb.resume_at(steps))
 

@@ -3,6 +3,7 @@ gloo ranks, saved with torch.save from one rank, read back with torch.load's def
 weights_only, taken over by a restarted job's pacers; and what a load refuses."""
 
 import copy
+import os
 import re
 import time
 
@@ -169,8 +170,10 @@ def _saved(world: int = 2, sites: int = 1) -> dict:
     (lambda s: s.update(sites=-1), "'sites' must be an integer >= 0, got -1"),
     (lambda s: s.update(floor=torch.zeros(2, 3)), "'floor' must be a tensor of shape (2, 1)"),
     (lambda s: s.pop("calm"), "'calm' must be a tensor of shape (2, 1), got NoneType"),
-    (lambda s: s["mean"].fill_(float("nan")), "'mean' holds values that no pacer saves"),
-    (lambda s: s["floor"].fill_(-1.0), "'floor' holds values that no pacer saves"),
+    (lambda s: s["mean"].fill_(float("nan")), "'mean' holds nan, a value no pacer saves"),
+    (lambda s: s["floor"].fill_(-1.0), "'floor' holds -1.0, a value no pacer saves"),
+    (lambda s: s.update(world_size=None), "'world_size' must be the saving job's rank count, "
+                                          "got None"),
     (lambda s: s["var"].fill_(-2.0), "'var' holds values below -1"),
     (lambda s: s.update(last_seen=torch.full((2, 1), 2)), "'last_seen' holds values other "
                                                           "than 0 and 1"),
@@ -183,6 +186,20 @@ def test_a_state_no_pacer_of_this_job_saved_is_refused_saying_why(change, messag
         checkpoint.unpack(saved, world_size=2, max_sites=8)
     with pytest.raises(ValueError, match="not a gpupace pacer state"):
         checkpoint.unpack([1, 2], world_size=2, max_sites=8)
+
+
+def test_a_state_refused_says_what_to_do_instead():
+    """The whole checkpoint given in place of its pacer entry said 'got None'; a group's
+    state loaded by a whole-world pacer (group= forgotten at the restart) said the job had
+    another size and to start without it."""
+    with pytest.raises(ValueError, match=re.escape("a dict whose 'pacer' entry is one: pass "
+                                                   "state['pacer']")):
+        checkpoint.unpack({"model": {}, "pacer": _saved()}, world_size=2, max_sites=8)
+    group = {**_saved(), "group_ranks": [0, 1]}
+    with pytest.raises(ValueError, match=re.escape("saved by the pacer of data-parallel group "
+                                                   "[0, 1], and this pacer's is the whole world: "
+                                                   "build the pacer on that group")):
+        checkpoint.unpack(group, world_size=4, max_sites=8)
 
 
 def test_a_state_of_more_sites_than_max_sites_keeps_the_first_and_none_is_no_state():
@@ -275,3 +292,23 @@ def test_a_pacer_that_has_stepped_keeps_its_count_and_a_bad_count_is_refused():
     assert fresh.state_dict()["sites"] == 0  # nothing taken from a refused state
     fresh.load_state_dict({k: v for k, v in saved.items() if k != "steps"})  # an older state
     assert _one_rank_steps(fresh, 1) == [0]
+    # Two loads before a step: the second's count with its state (it kept the first's count)
+    twice = Pacer(PaceConfig(mode="observe"))
+    twice.load_state_dict({**saved, "steps": 30})
+    twice.load_state_dict({**saved, "steps": 10})
+    assert _one_rank_steps(twice, 1) == [10]
+
+
+def test_a_telemetry_file_that_fails_at_a_resume_warns_and_the_load_goes_on(tmp_path):
+    """A full disk when the resumed header is rewritten raised from load_state_dict() on the
+    writing rank alone (the others went on to their next collective), the load half done."""
+    saved = {**_saved(world=1), "steps": 40}
+    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=str(tmp_path / "run.jsonl")))
+    writer = pacer._writer
+    full = os.open("/dev/full", os.O_WRONLY)  # the disk fills up under the writer
+    os.dup2(full, writer._file.fileno())
+    os.close(full)
+    with pytest.warns(RuntimeWarning, match="failed, training goes on without it"):
+        pacer.load_state_dict(saved)
+    assert pacer._writer is None and _one_rank_steps(pacer, 1) == [40]
+    pacer.close()

@@ -517,6 +517,14 @@ def test_a_restarted_jobs_rank_files_are_two_runs_each_whole(sim_dir, tmp_path, 
         " ".join(comp["notes"]), comp["notes"]
     assert diagnose(runs[0]).summary["warmup_steps_left_out"] == 5  # not step 105
     assert diagnose(runs[1]).summary["warmup_steps_left_out"] == 5
+    # Two tries from one checkpoint (restarted, died, restarted again): not paced vs baseline
+    again = tmp_path / "again.jsonl"
+    again.write_text(paths[0].read_text().replace("10:30:00", "11:00:00"))
+    (tries,) = findings(load_runs([paths[0], again]),
+                        [diagnose(r) for r in load_runs([paths[0], again])])["comparisons"]
+    assert "two tries of one job from its checkpoint at step 100" in " ".join(tries["notes"])
+    assert not any("stands in for a baseline" in n for n in tries["notes"]), tries["notes"]
+    again.unlink()
     # The folder stands for its *.jsonl files: the earlier run is named as left out
     (alone,) = load_runs([tmp_path])
     assert "left out: run.0.jsonl.1, run.1.jsonl.1, earlier runs kept aside" in \

@@ -88,6 +88,16 @@ def resumed_at(a: Run, b: Run) -> int | None:
     return at if same else None
 
 
+def same_restart(a: Run, b: Run) -> int | None:
+    """The step both runs resumed from, when they are two tries from one checkpoint (the same
+    resumed_at_step, kind of run and settings), else None."""
+    at = a.header.get("resumed_at_step")
+    if not _step(at) or b.header.get("resumed_at_step") != at:
+        return None
+    same = kind(a) == kind(b) and settings_of(a.header) == settings_of(b.header)
+    return at if same else None
+
+
 def _step(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
@@ -130,6 +140,9 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     if runs is not None and (at := resumed_at(*runs)) is not None:
         out.append(f"one job before and after its restart from a checkpoint at step {at}: "
                    "not a paced run against a baseline")
+    elif runs is not None and (at := same_restart(*runs)) is not None:
+        out.append(f"two tries of one job from its checkpoint at step {at}: not a paced run "
+                   "against a baseline")
     if runs is not None and kind(runs[0]) != kind(runs[1]):
         b, o = runs
         what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
@@ -148,7 +161,7 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
         out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
                    "change is one step's")
     both_paced = paced and runs is not None and runs[0].mode == "pace"
-    if both_paced and resumed_at(*runs) is None:
+    if both_paced and resumed_at(*runs) is None and same_restart(*runs) is None:
         out.append(f"both runs paced: {runs[0].label} stands in for a baseline, which the "
                    "runs given have none of")
     if paced and not both_paced and other.get("delayed_fraction") == 0:
