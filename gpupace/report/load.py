@@ -216,6 +216,9 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if outside:  # -1: none (fewer than two ranks known)
         run.notes.append(f"{path.name}: {outside} of {run.steps} records name a last rank "
                          f"outside ranks 0-{world - 1}: counted as no one's")
+    if header.get("source") == "sim":  # the same run's figures differ between the two
+        run.notes.append(f"{path.name}: simulated; every step is counted here, where `gpupace "
+                         "simulate`'s table counts the second half (the policy's start left out)")
     given = header.get("first_measured_step")
     if given is not None and not (isinstance(given, (int, float))
                                   and not isinstance(given, bool) and given >= 0):
