@@ -374,7 +374,8 @@ class Pacer(Joinable):
             self._tensorboard(lambda tb: tb.log(record))
 
     def _tensorboard(self, use: Callable[[Any], None]) -> None:
-        """`use(logger)` on the TensorBoard logger; one that fails is dropped (`_tensorboard_failed`)."""
+        """`use(logger)` on the TensorBoard logger; one that fails is dropped, with a warning
+        (`_tensorboard_failed`)."""
         try:
             use(self._tb)
         except (OSError, RuntimeError, ValueError) as e:  # a full disk

@@ -223,8 +223,8 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if given is not None and not (isinstance(given, (int, float))
                                   and not isinstance(given, bool) and given >= 0):
         run.notes.append(f"{path.name}: the header's first_measured_step {given!r:.40} is no "
-                         f"step number: the figures start at step {run.first_measured_step} (the config's "
-                         "warm-up)")
+                         f"step number: the figures start at step {run.first_measured_step} "
+                         "(the config's warm-up)")
     return run
 
 

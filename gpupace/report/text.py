@@ -81,7 +81,8 @@ def cost_line(d: Diagnosis) -> str:
         # gated by the collective before it, which hides the rest of a handicap (README).
         parts.append(f"{_ranks(group['ranks'])} arrived after every other rank in "
                      f"{100 * group['last_fraction']:.0f}% of the steps, by typically "
-                     f"{group['last_lead_us'] / 1e3:.2f} ms: at least {group['cost_us_per_step'] / 1e3:.2f} ms a step on "
+                     f"{group['last_lead_us'] / 1e3:.2f} ms: at least "
+                     f"{group['cost_us_per_step'] / 1e3:.2f} ms a step on "
                      f"average ({100 * group['share_of_step']:.1f}% of the measured time; seen "
                      f"at one collective a step, a handicap spread over the backward shows in "
                      f"part)")
