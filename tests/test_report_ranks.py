@@ -225,3 +225,15 @@ def test_a_step_whose_lead_is_unknown_counts_for_no_cost():
     run.earliness[::4, 1] = NAN
     cost, total = ranks.cost_per_rank(run)
     assert cost[1] == pytest.approx(2000.0) and total == pytest.approx(2000.0)
+
+
+def test_the_cdf_of_steps_with_a_long_tail_draws_on_a_log_axis(tmp_path):
+    """A step 50x the median puts the CDF's axis on a log scale, whose formatter has no
+    offset to turn off: ticklabel_format raised there, and the report with it (a CI run's
+    subgroup report, whose first steps were slow)."""
+    from gpupace.report.plots import cdf
+
+    steps = np.full(200, 1e5)
+    steps[5] = 5e6
+    assert cdf([_run(_late(200, 4, {}), step_us=steps)], tmp_path) == "cdf.png"
+    assert cdf([_run(_late(200, 4, {}), step_us=np.full(200, 1e5))], tmp_path) == "cdf.png"

@@ -166,8 +166,9 @@ def cdf(runs: Sequence[Run], out: Path) -> str:
     allst = np.concatenate([r.step_time[measured(r)] for r in runs]) / 1e3
     if allst.size and allst.max() > 20 * np.median(allst):
         ax.set_xscale("log")
+    else:  # no offset notation (a flat run read 1e-10 + 9.8878e1); a log axis has none
+        ax.ticklabel_format(axis="x", useOffset=False)
     ax.set_title(cdf_title(runs))
-    ax.ticklabel_format(axis="x", useOffset=False)
     ax.set_xlabel("step time (ms)")
     ax.set_ylabel("fraction of steps")
     ax.grid(alpha=0.3)
