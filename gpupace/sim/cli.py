@@ -252,15 +252,16 @@ def run(args: argparse.Namespace) -> int:
         elif res.policy == "gpupace" and res.scenario.nodes == max(nodes):
             keep_last["res"] = res
 
+    policy = PaceConfig(mode="pace")  # the gpupace policy's, environment included, made once
     t0 = time.perf_counter()
-    rows = scaling_table(make, nodes, steps=args.steps, seed=args.seed,
+    rows = scaling_table(make, nodes, steps=args.steps, seed=args.seed, config=policy,
                          progress=_Progress(), on_result=on_result)
     if sys.stderr.isatty():  # clears the progress line; a log keeps its lines as they are
         print(f"\r{' ' * 60}\r", end="", file=sys.stderr)
     print(f"{title}, {args.gpus_per_node} GPUs per node, {args.steps} steps, seed {args.seed}"
           f" ({time.perf_counter() - t0:.1f} s)")
     print(format_table(rows))
-    late = policy_too_late(nodes, args.gpus_per_node, args.steps, n_last)
+    late = policy_too_late(policy, nodes, args.gpus_per_node, args.steps, n_last)
     notes = [late] if late else []
     if settings := env_settings(skip=NOT_SIMULATED):  # the README's figures are the defaults
         notes.append("note: the gpupace policy ran with settings from the environment: "
@@ -283,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         made = make_header(source="sim", world_size=0)  # versions, host, date: the run's
         out: dict[str, Any] = {"preset": name, "notes": notes,
-                               "policy_config": PaceConfig(mode="pace").to_dict(),
+                               "policy_config": policy.to_dict(),
                                "steps": args.steps, "seed": args.seed,
                                "gpus_per_node": args.gpus_per_node,
                                "coupling": {"collective": biggest.coupling,
@@ -322,13 +323,13 @@ def with_coupling(make: Callable[[int], Scenario], collective: float,
     return lambda n: make(n).replace(coupling=collective, paced_coupling=spin)
 
 
-def policy_too_late(nodes: list[int], gpus_per_node: int, steps: int,
+def policy_too_late(cfg: PaceConfig, nodes: list[int], gpus_per_node: int, steps: int,
                     n_last: dict[int, np.ndarray] | None = None) -> str | None:
-    """A note when, at some node counts, the gpupace policy could act in less than 90% of the
-    measured steps (the second half): before `policy_start_step` it delays nobody, so its rows
-    there show little or nothing of it. `n_last`: per node count, the ranks its gpupace run
-    counted last at each site (the holdoff it reached); without it, the longest holdoff."""
-    cfg = PaceConfig(mode="pace")  # what `simulate` runs
+    """A note when, at some node counts, the gpupace policy (`cfg`) could act in less than 90%
+    of the measured steps (the second half): before `policy_start_step` it delays nobody, so
+    its rows there show little or nothing of it. `n_last`: per node count, the ranks its
+    gpupace run counted last at each site (the holdoff it reached); without it, the longest
+    holdoff."""
     n_last = n_last or {}
     measured = steps - steps // 2
     start = {n: policy_start_step(cfg, n * gpus_per_node, n_last.get(n)) for n in nodes}
