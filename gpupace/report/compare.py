@@ -84,8 +84,7 @@ def resumed_at(a: Run, b: Run) -> int | None:
     at, before = (r.header.get("resumed_at_step") for r in (later, first))
     if not _step(at) or (before is not None and not (_step(before) and before < at)):
         return None  # not resumed, or resumed before the other was (a later restart)
-    same = kind(first) == kind(later) and settings_of(first.header) == settings_of(later.header)
-    return at if same else None
+    return at if _one_job(first, later) else None
 
 
 def same_restart(a: Run, b: Run) -> int | None:
@@ -94,8 +93,23 @@ def same_restart(a: Run, b: Run) -> int | None:
     at = a.header.get("resumed_at_step")
     if not _step(at) or b.header.get("resumed_at_step") != at:
         return None
-    same = kind(a) == kind(b) and settings_of(a.header) == settings_of(b.header)
-    return at if same else None
+    return at if _one_job(a, b) else None
+
+
+def restart_note(a: Run, b: Run) -> str | None:
+    """What a comparison of two parts of one restarted job must say, or None."""
+    if (at := resumed_at(a, b)) is not None:
+        return (f"one job before and after its restart from a checkpoint at step {at}: not a "
+                "paced run against a baseline")
+    if (at := same_restart(a, b)) is not None:
+        return f"two tries of one job from its checkpoint at step {at}: not a paced run " \
+            "against a baseline"
+    return None
+
+
+def _one_job(a: Run, b: Run) -> bool:
+    """The same kind of run with the same settings (telemetry path aside)."""
+    return kind(a) == kind(b) and settings_of(a.header) == settings_of(b.header)
 
 
 def _step(v: Any) -> bool:
@@ -137,12 +151,9 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     and compared, when known), figures that could not be compared, a p99 of few steps, and a
     paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
     out = []
-    if runs is not None and (at := resumed_at(*runs)) is not None:
-        out.append(f"one job before and after its restart from a checkpoint at step {at}: "
-                   "not a paced run against a baseline")
-    elif runs is not None and (at := same_restart(*runs)) is not None:
-        out.append(f"two tries of one job from its checkpoint at step {at}: not a paced run "
-                   "against a baseline")
+    restart = restart_note(*runs) if runs is not None else None
+    if restart:
+        out.append(restart)
     if runs is not None and kind(runs[0]) != kind(runs[1]):
         b, o = runs
         what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
@@ -161,7 +172,7 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
         out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
                    "change is one step's")
     both_paced = paced and runs is not None and runs[0].mode == "pace"
-    if both_paced and resumed_at(*runs) is None and same_restart(*runs) is None:
+    if both_paced and restart is None:
         out.append(f"both runs paced: {runs[0].label} stands in for a baseline, which the "
                    "runs given have none of")
     if paced and not both_paced and other.get("delayed_fraction") == 0:

@@ -83,7 +83,8 @@ def _ylim(ax: Any, steady: list[np.ndarray], every: list[np.ndarray]) -> int:
     lo, hi = float(allv.min()), float(allv.max())
     if hi - lo < 0.01 * max(abs(hi), 1e-3):  # flat: float noise drawn as steps of 1e-11 ms
         mid = 0.5 * (lo + hi)
-        ax.set_ylim(mid - 0.05 * max(abs(mid), 1e-3), mid + 0.05 * max(abs(mid), 1e-3))
+        half = 0.05 * max(abs(mid), 1e-3)
+        ax.set_ylim(mid - half, mid + half)
     return 0
 
 
