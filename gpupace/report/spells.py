@@ -122,8 +122,9 @@ def _stretches_of(col: np.ndarray, windows: list[tuple[int, int]],
     """One rank's spells from its runs of late windows [start, end): each trimmed to the
     steps it was late by half its offset there and extended while it stays so (or unknown;
     `_reach`), runs that then touch merged; none unless the rest of the run holds SPELL_STEPS
-    steps and the rank was late there at most half as often as in its spells. The fraction of a spell's
-    steps the rank was late counts the steps it was known in, by the spell's own offset."""
+    steps and the rank was late there at most half as often as in its spells. The fraction of
+    a spell's steps the rank was late counts the steps it was known in, by the spell's own
+    offset."""
     n = col.size
     known = np.isfinite(col)
     own: list[list] = []

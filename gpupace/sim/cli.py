@@ -60,7 +60,8 @@ UNFITTED = ("not fitted, as one file of a few ranks shows none of them: fabric c
             "these out")
 # PaceConfig's fields the simulated policy does not read (its mode is "pace", whatever
 # GPUPACE_MODE says): left out of the note on the environment's settings.
-NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig) if f.name not in CONTROL_LAW)
+NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig)
+                      if f.name not in CONTROL_LAW)
 DEFAULT_GPUS = 8  # ranks per node: the study's, and the paper preset's calibration
 STUDY = ("the study gpupace implements: 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.09, "
          "8200 -> 9100 samples/s (+11.0%)")
