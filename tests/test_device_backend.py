@@ -336,6 +336,28 @@ def test_engine_ignores_stale_and_surplus_sites(interp):
     assert eng.row[0] == 0 and math.isnan(eng.row[2])
 
 
+def test_a_device_step_cut_short_leaves_no_sites_to_the_next(interp):
+    """Ctrl-C in step()'s all_gather: the step's sites stayed counted (the host engine's
+    test in test_pacer_dist), and the next step's row said two sites for its one."""
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
+    eng.exit(eng.arrive())
+    exchange = eng._exchange
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    eng._exchange = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        eng.end_step(0, 0.0)
+    eng._exchange = exchange
+    assert eng.n_sites == 0
+    eng.exit(eng.arrive())
+    eng.end_step(1, 0.0)
+    assert eng.gathered[0, 0] == 1  # one site, as this step had
+
+
 @pytest.mark.parametrize("fork, capturing, generation, action", [
     (None, False, 3, "drop"),  # no collective went through issue() this step
     (None, True, 3, "drop"),

@@ -299,7 +299,12 @@ class DeviceEngine:
         self._join(capturing=capturing)  # the step's exit stamps, from the pacing stream
         n = min(self.n_sites, self.max_sites)
         self._finish()  # the row's waits and step time, from the step's stamps
-        self._exchange()
+        try:
+            self._exchange()
+        except BaseException:  # a step cut short (Ctrl-C in the all_gather) leaves no sites,
+            self._step_events = []  # nor their events, to the next
+            self._new_step()
+            raise
         # From the second eager step on both kernels are compiled: the graphs may capture them.
         if self._tail is not None and not capturing and self._calls >= 1:
             self._tail(n, self._reduce_and_update, self._prepare_tail)
