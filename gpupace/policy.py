@@ -157,12 +157,18 @@ def holdoff(params: PolicyParams, n_last: np.ndarray) -> np.ndarray:
     on 79% of the steps (a review's closed-loop run, 64 ranks).
     Flags never clear: one rank late once, by a hiccup, counts for the rest of the job. With
     random stragglers over all N ranks, k after t steps is about N (1 - e^(-t/N)) and 5k stays
-    above t, so above every calm counter, until t is 4.97N: the ranks never last pass about
-    when they did with 5N (bench/sim_holdoff.py, `jitter` at 512 ranks: the first delay at step
-    2557, against 2565 with 5N; throughput -0.0016% against no pacing with either, at noise
-    level: the 5N figures from one-off runs of the code of 60917ff, 2026-12-01). In float64,
-    which the device kernel's table is made of (`kernels.update.holdoff_table`; float32 put
-    0.3 x 50 past 15), rounded up (`whole_steps`)."""
+    above t, so above every calm counter, until t is 4.97N: the ranks never last pass about when
+    they did with 5N (bench/sim_holdoff.py, `jitter` at 512 ranks: the first delay at step 2557,
+    against 2565 with 5N; throughput -0.0016% against no pacing with either, at noise level: the
+    5N figures from one-off runs of the code of 60917ff, 2026-12-01). Clearing flags after W =
+    `holdoff_steps` steps or more would change little (reasoning, not measured): a holdoff is at
+    most W, and it matters only in the steps after the rank's calm counter was reset, by
+    arriving within guard_us of the last arrival; forgetting ranks last W or more steps ago
+    would shorten the wait of a rank reset since, near the last without being it, in a job where
+    many ranks were last long ago and few lately. One persistent straggler later than guard_us
+    resets no other rank's calm, and random stalls keep about N ranks counted in any window of
+    5N steps. In float64, which the device kernel's table is made of
+    (`kernels.update.holdoff_table`; float32 put 0.3 x 50 past 15), rounded up (`whole_steps`)."""
     hold = np.minimum(float(params.holdoff_steps),
                       params.holdoff_factor * np.maximum(n_last, 1).astype(np.float64))
     return whole_steps(hold)
