@@ -188,10 +188,15 @@ def _update_kernel(
     # (Read before the flag of this step's straggler is set: its calm is 0, below any holdoff
     # but 0, which every rank has then, so its own flag changes nothing this step.)
     seen_me = tl.load(flags + me, mask=on, other=0) != 0
-    tl.store(flags + strag, new.to(tl.int8), mask=new)
     n_last = tl.where(fresh, 0, tl.load(n_last_ptr + st_off, mask=on, other=0)) + new.to(tl.int32)
     never = tl.load(hold_ptr + tl.minimum(n_last, n_ranks), mask=on, other=0)
     hold = tl.where(seen_me, holdoff, never)
+    # Every state load before any store: past BLOCK_M lanes, warps hold copies of the sites
+    # (4 warps, 64 sites: two copies), which load alike but store once; a copy a memory trip
+    # behind would read its owner's new flag or n_last, and feed a different row total to the
+    # reduction below (a review's reading of the sm_90 code; no run showed it).
+    tl.debug_barrier()
+    tl.store(flags + strag, new.to(tl.int8), mask=new)
     # Fast down; up only after the holdoff's steps without being late (within guard of last).
     c = tl.where(learn, tl.where(e <= guard, 0, tl.minimum(c + 1, _CALM_MAX)), c)
     # Exponentially weighted mean and variance of earliness, started at the first sample
