@@ -13,6 +13,7 @@ from gpupace import PaceConfig
 from gpupace.cli import main
 from gpupace.demo import SCENARIOS, WARMUP_STEPS, make_schedule, settle_steps
 from gpupace.launch import run_ranks
+from gpupace.report.compare import JOB_FIELDS
 from gpupace.telemetry import first_measured_step, read_telemetry
 
 
@@ -98,8 +99,10 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys, monkeypa
     result["throughput_gain_pct"] = None
     assert "| n/a |" in row(result)
     delay_by_rank = np.zeros(2)
+    jobs = []
     for label in ("baseline-1", "paced-1", "paced-2", "baseline-2"):  # the four phases
         tel = read_telemetry(tmp_path / "tel" / f"{label}.jsonl")
+        jobs.append({k: tel.header.get(k) for k in JOB_FIELDS})
         delay_by_rank += sum(r.delay_us for r in tel.records)
         assert tel.header["label"] == label and tel.header["scenario"] == "persistent"
         # its own path, not the staging folder's the run wrote it in
@@ -107,6 +110,8 @@ def test_demo_cli_small_run_writes_json_and_telemetry(tmp_path, capsys, monkeypa
         assert len(tel.records) == 50 and not tel.skipped
         # the report counts the steps the table counts
         assert first_measured_step(tel.header) == 20
+    # one job's phases: the report compares them with no "different jobs" note
+    assert jobs == [jobs[0]] * 4 and jobs[0]["samples_per_step"] > 0
     # any delays went to rank 0, early by the injected work, rather than to the straggler
     assert delay_by_rank[1] <= delay_by_rank[0]
     assert sorted(p.name for p in (tmp_path / "tel").iterdir()) == [

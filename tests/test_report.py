@@ -3,6 +3,7 @@ files, and the CLI end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -451,6 +452,13 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
     # `quiet`: nobody is delayed, and two simulated runs differ in nothing else (no noise)
     assert "pacing delayed nobody in the paced run: in the simulator that is the baseline's " \
         "run again" in same["notes"], same["notes"]
+    # Of one size and kind, the headers of other jobs (a real job's run against the demo's
+    # was compared as its paced run, without a word)
+    other = dataclasses.replace(runs[by_label["gpupace-2"]])
+    other.header = {**other.header, "scenario": "straggler", "source_detail": "demo"}
+    (comp,) = compared([runs[by_label["none-2"]], other])
+    assert "different jobs (source_detail None and 'demo'; scenario None and 'straggler'): " \
+        "the changes compare them" in " ".join(comp["notes"]), comp["notes"]
 
 
 def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):

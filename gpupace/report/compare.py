@@ -11,7 +11,8 @@ none); pacers on data-parallel subgroups pair
 group by group. Two runs without such a pair (two world sizes, a simulated run beside a real
 one, other groups) compare all the same, the unpaced one (else the first) as the baseline,
 with a note that they are different jobs; more such runs are not compared, nor two groups of
-one job (parts of it).
+one job (parts of it). Runs of one kind whose headers describe other jobs (`JOB_FIELDS`: a
+real job's run and the demo's) are compared with that note too.
 """
 
 from __future__ import annotations
@@ -107,6 +108,19 @@ def restart_note(a: Run, b: Run) -> str | None:
     return None
 
 
+# Header fields that describe the job a run timed, beside `kind`: a paced run and its own
+# baseline share them (the demo's scenario and wait, the samples a step); a real job's run
+# against the demo's, of one world size, was compared without a word.
+JOB_FIELDS = ("source", "source_detail", "samples_per_step", "process_group_backend",
+              "scenario", "wait")
+
+
+def job_differences(a: Run, b: Run) -> list[str]:
+    """The `JOB_FIELDS` in which two runs' headers differ, as "name A and B"."""
+    return [f"{k} {a.header.get(k)!r} and {b.header.get(k)!r}" for k in JOB_FIELDS
+            if a.header.get(k) != b.header.get(k)]
+
+
 def _one_job(a: Run, b: Run) -> bool:
     """The same kind of run with the same settings (telemetry path aside)."""
     return kind(a) == kind(b) and settings_of(a.header) == settings_of(b.header)
@@ -154,9 +168,10 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     restart = restart_note(*runs) if runs is not None else None
     if restart:
         out.append(restart)
-    if runs is not None and kind(runs[0]) != kind(runs[1]):
+    if runs is not None and (kind(runs[0]) != kind(runs[1]) or job_differences(*runs)):
         b, o = runs
-        what = (f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
+        what = ("; ".join(job_differences(b, o)) if kind(b) == kind(o)
+                else f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
                 else "other simulated scenarios" if b.header.get("sim") and o.header.get("sim")
                 else "a simulated run and a real one" if b.header.get("sim") or o.header.get("sim")
                 else "other data-parallel groups")
