@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # name -> (module, one-line help)
 COMMANDS = {
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = argparse.ArgumentParser(prog=f"gpupace {argv[0]}", description=COMMANDS[argv[0]][1])
     module.add_arguments(cmd)
     args = cmd.parse_args(argv[1:])
+    stdout, sys.stdout = sys.stdout, _UntilReaderGone(sys.stdout)
     try:
         return int(module.run(args) or 0)
     except (ValueError, OSError, TimeoutError, RuntimeError) as e:
@@ -66,6 +68,47 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"gpupace {argv[0]}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        sys.stdout = stdout
+
+
+class _UntilReaderGone:
+    """A command's stdout that, once its reader has gone (`gpupace report ... | head -1`),
+    writes nothing more: the command goes on to write its files and exit 0. A closed pipe
+    otherwise failed the report before it wrote anything ("error: [Errno 32] Broken pipe",
+    status 2), or after, with "Exception ignored" at exit (status 120)."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            self._stream.write(text)
+            if "\n" in text:  # as a terminal's line buffering would: a closed pipe shows here
+                self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        # The stream's descriptor now writes to /dev/null, so that its buffered text and the
+        # interpreter's flush at exit raise nothing.
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self._stream.fileno())
+            os.close(null)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
+            pass
+        self._stream = open(os.devnull, "w")  # noqa: SIM115  # for the command's lifetime
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def check_output_file(option: str, path: str) -> None:

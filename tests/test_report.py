@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -412,6 +415,24 @@ def test_cli_baseline_vs_paced_end_to_end(sim_dir, tmp_path, capsys):
     assert "Step-time CDF" in page
     # fractions of steps in %, as their change column's points
     assert "pacing armed (% of steps)" in page and "(fraction" not in page
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_report_whose_reader_has_gone_still_writes_its_files(sim_dir, tmp_path, unbuffered):
+    """`gpupace report ... | head -1`: the text's reader gone, the report failed before
+    writing anything (status 2, "Broken pipe") or after, with "Exception ignored" (120)."""
+    base, _ = _telemetry(sim_dir, "quiet", 1, 4, 1, steps=100)
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    cmd = [sys.executable, "-m", "gpupace", "report", str(base), "--out", str(tmp_path / "out"),
+           "--json"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
+        p.stdout.close()  # before the first line: every write finds the pipe closed
+        err = p.stderr.read().decode()
+        rc = p.wait(timeout=100)
+    assert rc == 0, err
+    assert "Broken pipe" not in err and "Exception ignored" not in err, err
+    assert json.loads((tmp_path / "out" / "findings.json").read_text())["runs"]
+    assert (tmp_path / "out" / "report.html").is_file()
 
 
 def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
