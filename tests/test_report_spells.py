@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from test_report_ranks import _late, _run
 
-from gpupace.report.diagnose import diagnose
+from gpupace.report.diagnose import SUMMARY_KEYS, diagnose
+from gpupace.report.html import findings
 from gpupace.report.spells import late_spells
 from gpupace.report.text import cost_line, headline
 
@@ -191,3 +192,31 @@ def test_steps_a_spell_rank_is_unknown_in_count_neither_late_nor_on_time():
     assert sp["ranks"] == [5] and (sp["first_step"], sp["last_step"]) == (200, 399)
     assert sp["late_fraction"] == 1.0
     assert sp["cost_us_per_step"] == pytest.approx(2920.0, rel=0.05)
+
+
+def test_every_run_in_findings_json_has_the_same_summary_keys():
+    """A script reads findings.json's runs by one schema: a run too short to diagnose lacked
+    18 of its summary's keys (lost_fraction, late_rank, ...), and runs without steadily late
+    ranks or late spells lacked those; each is null now (`diagnose.SUMMARY_KEYS`)."""
+    spells, _ = _in_turn([None, 3, 5])
+    steady, _ = _arrivals(16, 200, [((4,), 0, 200, 3000.0)])
+    short, _ = _arrivals(16, 20, [])
+    runs = [spells, steady, short]
+    diags = [diagnose(r) for r in runs]
+    assert diags[0].summary.get("late_spells") and diags[1].summary.get("late_group")
+    for d in diags:  # a key a diagnosis gains must be listed, or some runs would lack it
+        assert set(d.summary) <= set(SUMMARY_KEYS), set(d.summary) - set(SUMMARY_KEYS)
+    keys = [set(r["summary"]) for r in findings(runs, diags)["runs"]]
+    assert keys[0] == keys[1] == keys[2] and keys[0] >= set(SUMMARY_KEYS)
+    short_summary = findings([short], diags[2:])["runs"][0]["summary"]
+    assert short_summary["lost_fraction"] is None and "only 20 measured" in short_summary["note"]
+
+
+def test_a_comparison_with_a_run_of_no_measured_step_says_nothing_of_its_p99():
+    """It said "the p99 of 0 measured steps is about their slowest step"."""
+    from gpupace.report.compare import notes
+
+    few = {"measured_steps": 20, "throughput_unit": "steps/s"}
+    assert any("p99 of 20 measured steps" in n for n in notes(few, {**few, "measured_steps": 50},
+                                                               False))
+    assert not any("p99" in n for n in notes({**few, "measured_steps": 0}, few, False))

@@ -116,9 +116,15 @@ JOB_FIELDS = ("source", "source_detail", "samples_per_step", "process_group_back
 
 
 def job_differences(a: Run, b: Run) -> list[str]:
-    """The `JOB_FIELDS` in which two runs' headers differ, as "name A and B"."""
-    return [f"{k} {a.header.get(k)!r} and {b.header.get(k)!r}" for k in JOB_FIELDS
-            if a.header.get(k) != b.header.get(k)]
+    """The `JOB_FIELDS` in which two runs' headers differ, as "name A and B". A
+    samples_per_step in one header alone is no difference (given to one run's pacer alone:
+    the throughputs' note says so)."""
+    out = []
+    for k in JOB_FIELDS:
+        va, vb = a.header.get(k), b.header.get(k)
+        if va != vb and not (k == "samples_per_step" and None in (va, vb)):
+            out.append(f"{k} {va!r} and {vb!r}")
+    return out
 
 
 def _one_job(a: Run, b: Run) -> bool:
@@ -183,7 +189,7 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
                    "only)")
     fewest = min((x for x in (base.get("measured_steps"), other.get("measured_steps"))
                   if isinstance(x, int)), default=None)
-    if fewest is not None and fewest < P99_STEPS:
+    if fewest is not None and 0 < fewest < P99_STEPS:  # none: no figure to compare at all
         out.append(f"the p99 of {fewest} measured steps is about their slowest step: its "
                    "change is one step's")
     both_paced = paced and runs is not None and runs[0].mode == "pace"

@@ -71,6 +71,14 @@ from .spells import late_spells, spell_shaped
 
 MODES = ("sync_amplification", "locality", "fabric_contention", "runtime_jitter")
 MIN_STEPS = 30  # fewer measured steps: nothing is diagnosed
+# Every key a diagnosis's summary may hold, for findings.json's one schema: those a run lacks
+# (too few steps to diagnose, no steadily late ranks, no late spell, no note) are null there.
+SUMMARY_KEYS = ("label", "steps", "measured_steps", "warmup_steps_left_out", "world_size",
+                "skipped_lines", "note", "late_rank", "late_cost", "late_group", "late_spells",
+                "ideal_step_us", "p5_step_us", "median_step_us", "mean_step_us",
+                "steady_offset_us", "locality_cost_us", "offset_paid_fraction", "lost_us",
+                "lost_fraction", "lost_definition", "unattributed_us", "unattributed_share",
+                "unexplained_us", "low_confidence_us", "attribution_threshold")
 FULL_STEPS = 200  # steps for full confidence
 CLEAR_Z = 5.0  # locality's late-step z for full confidence (below, instead of FULL_STEPS)
 MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth naming

@@ -19,7 +19,15 @@ import numpy as np
 
 from ..summary import summarize
 from .compare import CHANGES, comparisons, fmt_change, notes, pairs, summary_change
-from .diagnose import LOST_DEFINITION, MIN_CONFIDENCE, Diagnosis, _clean, measured, scaling
+from .diagnose import (
+    LOST_DEFINITION,
+    MIN_CONFIDENCE,
+    SUMMARY_KEYS,
+    Diagnosis,
+    _clean,
+    measured,
+    scaling,
+)
 from .load import Run
 from .text import cost_line, headline, lost_line, split_line
 
@@ -96,7 +104,8 @@ def findings(runs: Sequence[Run], diags: Sequence[Diagnosis]) -> dict[str, Any]:
     per_run, sums = [], []
     for run, d in zip(runs, diags, strict=True):
         sums.append(run_summary(run, d))
-        per_run.append({"label": run.label, "headline": headline(d), "summary": sums[-1],
+        per_run.append({"label": run.label, "headline": headline(d),
+                        "summary": {**dict.fromkeys(SUMMARY_KEYS), **sums[-1]},
                         "modes": d.to_dict()["modes"]})
     out: dict[str, Any] = {"units": FINDINGS_UNITS, "lost_time_definition": LOST_DEFINITION,
                            "attribution_threshold": MIN_CONFIDENCE,
