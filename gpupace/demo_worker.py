@@ -117,7 +117,7 @@ def train(rank: int, world: int, *, mode: str, label: str, schedule: np.ndarray,
             spinner.watch(fut)
         return fut
 
-    ddp.register_comm_hook(pacer, hook)
+    pacer.attach(ddp, hook=hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(seed * 1000 + rank)
     steps = schedule.shape[0]

@@ -51,6 +51,8 @@ from .warn import warn
 
 # Paced collectives without a step(), in units of `max_sites`, past which the pacer warns.
 MISSING_STEP_FACTOR = 4
+# Steps with no paced collective at all after which the pacer warns (attach() forgotten).
+IDLE_STEPS = 10
 
 
 class Pacer(Joinable):
@@ -141,7 +143,7 @@ class Pacer(Joinable):
         self._sites_this_step = 0  # paced collectives since the last step()
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
-        self._hooked = False  # DDP's comm hook paces through this pacer (see _PacerJoinHook)
+        self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
@@ -309,6 +311,11 @@ class Pacer(Joinable):
         if self._closed:
             self._warn_once("closed", "gpupace: pacer.step() after pacer.close(): pacing and "
                             "summary() go on, but the telemetry file and TensorBoard are closed")
+        if self.steps == IDLE_STEPS and self._sites_most == 0 and self._sites_this_step == 0:
+            self._warn_once("idle", f"gpupace: {IDLE_STEPS} steps and no paced collective: "
+                            "pacer.attach(ddp_model) was not called, or nothing goes through "
+                            "pacer.all_reduce, site or collective; each step() still costs its "
+                            "all_gather, and nothing is timed, paced or recorded")
         if self._sites_this_step == 0 and self._sites_last_step > 0:
             self._warn_once("empty_step", "gpupace: pacer.step() saw no paced collective since "
                             f"the last step() (the step before had {self._sites_last_step}): "
@@ -484,13 +491,14 @@ class Pacer(Joinable):
         for a copied pacer, which paces nothing."""
         return self._engine.next_delays() if self._engine is not None else np.zeros(0)
 
-    def attach(self, ddp_model) -> None:
-        """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`. The hook
-        reduces over the pacer's group, so that must be the model's: a DDP model on a
+    def attach(self, ddp_model, hook: Callable[..., Any] | None = None) -> None:
+        """Paces `ddp_model`'s gradient buckets: registers `gpupace.ddp_comm_hook`, or `hook`,
+        a hook of the same signature that calls it (`gpupace demo`'s watches its futures).
+        The hook reduces over the pacer's group, so that must be the model's: a DDP model on a
         data-parallel subgroup (tensor or pipeline parallelism beside it) needs
         `Pacer(..., group=ddp_model.process_group)`, or its gradients would be averaged with
-        other shards'. With `mode="off"` it registers nothing: DDP reduces as it would
-        without gpupace."""
+        other shards'. The hook refuses to run unless registered here, where that is checked.
+        With `mode="off"` it registers nothing: DDP reduces as it would without gpupace."""
         from .integrations.ddp import ddp_comm_hook
         self.check_group()
         if not callable(getattr(ddp_model, "register_comm_hook", None)):
@@ -517,7 +525,7 @@ class Pacer(Joinable):
         if not self.enabled:
             return
         try:
-            ddp_model.register_comm_hook(self, ddp_comm_hook)
+            ddp_model.register_comm_hook(self, hook or ddp_comm_hook)
         except RuntimeError as e:
             if "only be called once" not in str(e):
                 raise
@@ -626,9 +634,7 @@ class _PacerJoinHook(JoinHook):
         # Once per forward pass of the other ranks, who step once per optimizer step: with
         # gradient accumulation (no_sync), DDP's join hook shadows only the passes that sync,
         # through the pacing hook; the step follows those alone. A pacer that paces no DDP
-        # model (a model with its own comm hook) steps every pass. One attached with
-        # `ddp.register_comm_hook` rather than `attach()` is known as such once its hook has
-        # run: on a rank that had no input at all, with accumulation, use `attach()`.
+        # model (a model with its own comm hook) steps every pass.
         pacer = self.pacer
         if pacer._sites_this_step or not pacer._hooked:
             pacer.step()

@@ -1025,3 +1025,57 @@ def test_attach_names_a_model_that_is_not_ddp():
     pacer = Pacer(PaceConfig())
     with pytest.raises(TypeError, match=r"DistributedDataParallel model, got Linear"):
         pacer.attach(torch.nn.Linear(2, 2))
+
+
+def _hooked_by_hand(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpupace import ddp_comm_hook
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    by_hand = DDP(torch.nn.Linear(4, 4))
+    by_hand.register_comm_hook(pacer, ddp_comm_hook)
+    try:
+        by_hand(torch.ones(2, 4)).sum().backward()
+        refused = None
+    except RuntimeError as e:
+        refused = str(e)
+    wrapped, calls = DDP(torch.nn.Linear(4, 4)), []
+
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        return ddp_comm_hook(state, bucket)
+
+    pacer.attach(wrapped, hook=hook)
+    wrapped(torch.ones(2, 4)).sum().backward()
+    pacer.step()
+    return refused, calls, pacer.site_names
+
+
+def test_the_ddp_hook_runs_only_as_attach_registers_it():
+    """Registered by hand, the hook skipped attach()'s check of the model's process group: a
+    subgroup model's gradients were averaged over the whole world without a word (a review's
+    run). It refuses, saying how; a hook of one's own that calls it goes through attach()."""
+    for refused, calls, names in run_ranks(_hooked_by_hand, 2):
+        assert refused is not None and "runs only as registered by pacer.attach(ddp_model)" \
+            in refused and "hook=your_hook" in refused, refused
+        assert calls == [0] and names == ["bucket0"]
+
+
+def test_steps_without_any_paced_collective_warn_once_that_nothing_is_paced():
+    """attach() forgotten: every step() cost its all_gather, the summary read 0 steps and the
+    telemetry file held its header alone, and nothing said why (a review's run)."""
+    from gpupace.pacer import IDLE_STEPS
+
+    pacer = Pacer(PaceConfig(mode="observe"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3 * IDLE_STEPS):
+            pacer.step()
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and f"{IDLE_STEPS} steps and no paced collective: " \
+        "pacer.attach(ddp_model) was not called" in said[0], said
+    paced = Pacer(PaceConfig(mode="observe"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _steps(paced, 2 * IDLE_STEPS)

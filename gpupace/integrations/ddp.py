@@ -1,7 +1,7 @@
 """A DDP communication hook that paces every gradient bucket's all-reduce.
 
     ddp = DistributedDataParallel(model)
-    ddp.register_comm_hook(pacer, gpupace.ddp_comm_hook)     # or pacer.attach(ddp)
+    pacer.attach(ddp)                  # registers ddp_comm_hook, after checking the model's group
     ...
     loss.backward(); opt.step(); pacer.step()
 
@@ -14,7 +14,11 @@ gradient by 1 / world size (dividing, as torch's `allreduce_hook` does, rounds o
 where the world size is not a power of two: 7e-9 apart after a few steps at 3 ranks) and
 divides a sparse one (an `Embedding(sparse=True)`'s), as the reducer does. The tests train 3
 gloo ranks both ways, with and without `gradient_as_bucket_view=True`, and with a sparse
-embedding, and find DDP's weights bit for bit.
+embedding, and find DDP's weights bit for bit. One case differs by a unit in the last place
+at such world sizes: with `gradient_as_bucket_view=True` and gradients kept from one backward
+to the next (`zero_grad(set_to_none=False)`, accumulation without `no_sync`), the reducer
+divides a gradient that is already its bucket's view in place, and multiplies one it copies;
+a hook sees the bucket after both and cannot tell them apart.
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real types.
@@ -27,8 +31,15 @@ from ..pacer import Pacer
 
 
 def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    if not pacer._hooked:
+        # A bucket tells nothing of the model's process group: attach() checks it is the
+        # pacer's (a hook registered by hand averaged a subgroup model's gradients over the
+        # whole world, without a word).
+        raise RuntimeError("gpupace.ddp_comm_hook runs only as registered by "
+                           "pacer.attach(ddp_model), which checks that the model reduces over "
+                           "the pacer's ranks; for a hook of your own that calls it, "
+                           "pacer.attach(ddp_model, hook=your_hook)")
     pacer.check_group()  # the division below needs the group's world size
-    pacer._hooked = True  # for its join hook: the rank's steps follow the passes that sync
     tensor = bucket.buffer()
     if tensor.is_sparse:  # DDP's reducer divides a sparse gradient, and rounds so
         tensor.div_(pacer.world_size)
