@@ -189,6 +189,7 @@ def bench_allreduce(h: Harness) -> None:
             detail="the paced call itself (site); step() shown separately; median's 95% "
             "bootstrap interval [{:.3f}, {:.3f}]: a rerun can move it that much".format(
                 *one["ratio_ci95"]["paced/plain"]),
+            interval=one["ratio_ci95"]["paced/plain"],
         )
         h.check(
             "context: (paced 1 MB + step() every call) / plain, median of pairs",

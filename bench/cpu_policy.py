@@ -126,7 +126,7 @@ def bench_policy(h: Harness) -> None:
             # The implementations run interleaved on the same inputs: noise hits both alike.
             cases = {name: make_case(n, s, fn=fn) for name, fn in impls.items()}
             samples = interleave({k: c[1] for k, c in cases.items()}, warmup=warm, repeats=reps,
-                                 prepare={k: _cooled(c[0]) for k, c in cases.items()})
+                                 prepare={k: cooled(c[0]) for k, c in cases.items()})
             for name, (_, _, box) in cases.items():
                 case = {"impl": name, "world": n, "sites": s}
                 med[name][s][n] = h.record("policy_update", case, samples[name])["p50"]
@@ -154,7 +154,8 @@ def bench_policy(h: Harness) -> None:
     h.plot("policy_update", lambda fig: _draw(fig, worlds, sites, med))
 
 
-def _cooled(prepare: Callable[[], None]) -> Callable[[], None]:
+def cooled(prepare: Callable[[], None]) -> Callable[[], None]:
+    """`prepare` after `cool()`: each timed call starts with the caches a training step leaves."""
     def run() -> None:
         cool()
         prepare()

@@ -55,7 +55,13 @@ sys.path.insert(0, str(ROOT))  # run as a script: make `bench` importable
 
 from bench.__main__ import gpu_missing  # noqa: E402
 from bench.gpu_common import CYCLES_PER_US  # noqa: E402
-from bench.harness import description, git_state, quantiles, write_whole  # noqa: E402
+from bench.harness import (  # noqa: E402
+    code_hash,
+    description,
+    git_state,
+    quantiles,
+    write_whole,
+)
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
@@ -151,6 +157,7 @@ def machine() -> dict[str, Any]:
     except Exception:
         pass
     info["commit"] = git_state()[0] or None  # GPUPACE_COMMIT first: see git_state
+    info["code_sha256"] = code_hash()  # whether the run measured that commit's code
     try:
         from gpupace import doctor
 
@@ -208,6 +215,10 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
     fig["spin_error_us"] = quantiles(np.concatenate(all_err)) | {"by_delay": per}
     fig["spin_error_events_us"] = quantiles(np.concatenate(all_ev)) | {"by_delay": per_ev}
     fig["spin_error_events_abs_p99_us"] = float(np.percentile(np.abs(np.concatenate(all_ev)), 99))
+    # The verdict's: the worst delay's, as the full suite judges it (pooled, the check of
+    # 2026-11-30 read 1.01 us, met, where its 500 us delay alone had 1.35, missed).
+    fig["spin_error_events_abs_p99_us_worst_delay"] = max(
+        float(np.percentile(np.abs(ev), 99)) for ev in all_ev)
     # The same error for spins that sleep between their clock reads (`spin.spin`'s backoff;
     # the spin coupling test says what they take from compute): recorded, not judged.
     # A failure here is recorded as the figure, not as the benchmark's error (which would fail
@@ -227,8 +238,10 @@ def bench_tick_and_spin(fig: dict[str, Any]) -> None:
 def bench_host_policy(fig: dict[str, Any]) -> None:
     """The benchmark issue's CPU target on this machine's CPU, beside the 2-core VM's: the host
     backend's policy update at 4096 ranks x 4 sites, as bench/cpu_policy times it (views of a
-    freshly written gathered matrix, interleaved with the NumPy reference)."""
-    from bench.cpu_policy import TARGET_US, implementations, make_case
+    freshly written gathered matrix, each call after `cool()`, interleaved with the NumPy
+    reference). Its run of 2026-11-30 called no `cool()`: warm caches, where the VM's were
+    cold (a review measured +19% for cold on the VM)."""
+    from bench.cpu_policy import TARGET_US, cooled, implementations, make_case
     from bench.harness import cpu_name, interleave
     from gpupace import policy
 
@@ -236,7 +249,7 @@ def bench_host_policy(fig: dict[str, Any]) -> None:
     impls = implementations()
     cases = {k: make_case(4096, 4, fn=impls[k]) for k in ("own_rank", "update_reference")}
     times = interleave({k: c[1] for k, c in cases.items()}, warmup=20, repeats=300,
-                       prepare={k: c[0] for k, c in cases.items()})
+                       prepare={k: cooled(c[0]) for k, c in cases.items()})
     fig["host_policy_update_4096x4_us"] = {
         "cpu": cpu_name(), "cores": os.cpu_count(), "target_us": TARGET_US,
         "numba_compile_s": round(compile_s, 2),
@@ -325,7 +338,8 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
 
 def _paced_pacer(use_tail_graphs: bool):
     """A device-backend pacer on the one-rank NCCL group that runs its exchange's all_gather
-    (at world size 1 it would copy): what a step of many ranks pays for it."""
+    (at world size 1 it would copy): the launch a step of many ranks pays for it, not the
+    network time, which comes on top (a lower bound there)."""
     from gpupace import PaceConfig, Pacer
 
     pacer = Pacer(PaceConfig(mode="pace", max_sites=8), _nccl_group(), backend="device")
@@ -409,6 +423,9 @@ def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
     from gpupace import PaceConfig, Pacer
 
     pacer = Pacer(PaceConfig(mode="pace"), _nccl_group(), backend="device")
+    # The exchange through NCCL's all_gather, as at many ranks, not one rank's copy (the
+    # check of 2026-11-30 left that path out of both ways)
+    pacer._engine.gather_alone = True
     x = torch.ones(1024, device="cuda")
     for _ in range(3):
         pacer.all_reduce(x)
@@ -553,13 +570,14 @@ def verdicts(fig: dict[str, Any]) -> dict[str, str]:
             else f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
             f"{max(vals):.2f} us vs <= {TARGETS[key]} us"
         )
-    # Judged on the event-timed error: the spin's own clock cannot see its own error.
-    sp, tick = fig.get("spin_error_events_abs_p99_us"), fig.get("timer_tick_ns")
+    # Judged on the event-timed error (the spin's own clock cannot see its own error), at the
+    # worst delay requested.
+    sp, tick = fig.get("spin_error_events_abs_p99_us_worst_delay"), fig.get("timer_tick_ns")
     if sp is not None and tick:
         lim = tick / 1e3 + TARGETS["spin_error_over_tick_us"]
         out["spin_error_p99"] = (
-            f"{'met' if sp <= lim else 'missed'}: p99 of |error| {sp:.2f} us, timed by CUDA "
-            f"events, vs <= tick + 1 = {lim:.2f} us"
+            f"{'met' if sp <= lim else 'missed'}: p99 of |error| {sp:.2f} us at the worst "
+            f"delay, timed by CUDA events, vs <= tick + 1 = {lim:.2f} us"
         )
     else:
         out["spin_error_p99"] = "not measured"

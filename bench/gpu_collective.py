@@ -5,11 +5,15 @@ against plain NCCL all_reduce from 4 KB to 256 MB.
 World 1 has no peer, so no rank is ever delayed (the policy needs two valid ranks): what is
 measured is the mechanism, stamps, a zero-delay spin and the per-step exchange and update,
 which is what the device issue's targets bound (graph <= 3 us, eager <= 15 us per collective,
-its share of the step update included). Variants are interleaved; every timed call is
-bracketed by `torch.cuda.synchronize()`, which costs both variants alike.
+its share of the step update included). The step's exchange is a one-rank all_gather: its
+launch, without the network time of many ranks (a lower bound there). Variants are
+interleaved; every timed call is bracketed by `torch.cuda.synchronize()`, which costs both
+variants alike.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -46,13 +50,18 @@ def _device_pacer():
 
 def bench_site(h: Harness) -> None:
     """Added time per paced collective, eager and in a CUDA graph: a step of 8 small
-    all_reduces, paced (with its step()) against plain, pair by pair, divided by 8."""
+    all_reduces, paced (with its step()) against plain, pair by pair, divided by 8. Eager
+    pairs are windows of COPY_EVERY steps, which hold the one step in eight that copies the
+    telemetry ring and records CUDA events: single steps' median left it out (44 us a
+    collective on 2026-11-30, where the same row's mean was 55)."""
     why = gc.missing(*NEEDS)
     if why:
         h.skip("site", why)
         return
     import torch
     import torch.distributed as dist
+
+    from gpupace.backends.device import COPY_EVERY
 
     k = SITES_PER_STEP
     reps = 30 if h.quick else 300
@@ -69,16 +78,23 @@ def bench_site(h: Harness) -> None:
                 pacer.all_reduce(t)
             pacer.step()
 
+        def window(step: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                for _ in range(COPY_EVERY):
+                    step()
+            return run
+
         for _ in range(3):  # eager steps first: NCCL, Triton and CuPy all initialised
             plain()
             paced()
             lone.step()
         eager = interleave(
-            {"plain": plain, "paced": paced, "step": lone.step},
-            warmup=5,
-            repeats=reps,
+            {"plain": window(plain), "paced": window(paced), "step": window(lone.step)},
+            warmup=2,
+            repeats=max(10, reps // COPY_EVERY),
             sync=torch.cuda.synchronize,
         )
+        eager = {v: x / COPY_EVERY for v, x in eager.items()}  # a step's share of its window
         pacer.warmup()
         g_plain = gc.capture(plain, inner=1, stream=s)
         g_paced = gc.capture(paced, inner=1, stream=s)
@@ -107,7 +123,8 @@ def bench_site(h: Harness) -> None:
         out[mode] = h.record(
             "paced_collective", {**case, "mode": mode, "variant": "added per collective"}, added
         )["p50"]
-    detail = f"(paced step of {k} - plain step of {k}) / {k}, median of pairs; step update included"
+    detail = (f"(paced step of {k} - plain step of {k}) / {k}, median of pairs (eager: of "
+              f"windows of {COPY_EVERY} steps); step update included")
     h.check(
         "added time per paced collective, CUDA graph",
         out["graph"],
@@ -121,7 +138,10 @@ def bench_site(h: Harness) -> None:
 
 
 def bench_nccl(h: Harness) -> None:
-    """Paced against plain NCCL all_reduce (world 1), 4 KB to 256 MB, eager."""
+    """Paced against plain NCCL all_reduce (world 1), 4 KB to 256 MB, eager. At one rank an
+    in-place all_reduce moves no data: plain is NCCL's launch and the sync alone, flat over the
+    sizes (29-32 us on 2026-11-30), so the ratios are against an empty collective; what a
+    transfer of each size would hide needs two GPUs or more (not yet measured)."""
     why = gc.missing(*NEEDS)
     if why:
         h.skip("nccl", why)

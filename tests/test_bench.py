@@ -99,6 +99,10 @@ def test_harness_writes_schema_rows_and_files(tmp_path):
     h.record("demo", "ratio", [1.0, 1.1], metric="ratio", unit="x")
     assert h.check("demo under 2", 1.5, 2.0, "us").met
     assert not h.check("demo nan", math.nan, 2.0, "us").met
+    # An interval that holds the limit: the point estimate's side, and not settled
+    edge = h.check("demo ratio", 1.099, 1.10, "x", interval=(1.02, 1.15))
+    assert edge.met and not edge.settled and edge.verdict == "AT THE EDGE"
+    assert h.check("demo ratio 2", 1.05, 1.10, "x", interval=(1.02, 1.09)).verdict == "MET"
     h.skip("other", "needs something")
     h.plot("demo", lambda fig: fig.add_subplot(1, 1, 1).plot([1, 2], [3, 4]))
     paths = h.write()
@@ -111,11 +115,13 @@ def test_harness_writes_schema_rows_and_files(tmp_path):
     assert rows[0]["case"] == "size=4KB variant=plain" and rows[0]["note"] == "shared VM"
     assert float(rows[0]["p50"]) == pytest.approx(2.5)
     doc = json.loads((tmp_path / f"{h.stem}.json").read_text())
-    assert [c["met"] for c in doc["checks"]] == [True, False]
+    assert [(c["met"], c["settled"]) for c in doc["checks"]] == [
+        (True, True), (False, True), (True, False), (True, True)]
     assert all(tuple(r) == SCHEMA for r in doc["rows"])
     assert doc["machine"]["cpu"] == rows[0]["cpu"]
     md = (tmp_path / f"{h.stem}.md").read_text()
     assert "## Targets" in md and "needs something" in md and "| size=4KB variant=plain |" in md
+    assert "| yes, at the edge |" in md
 
 
 @pytest.mark.timeout(180)
@@ -343,3 +349,22 @@ def test_a_scripts_help_says_its_first_sentence_whole():
     usage: ..."""
     assert description(doc) == "One thing the script does, said over two lines: with a colon."
     assert description("No sentence end here\n\nmore.") == "No sentence end here"
+
+
+def test_the_code_hash_names_the_sources_a_run_measured(tmp_path):
+    """The GPU machine's copy cannot say whether it held uncommitted changes (GPUPACE_COMMIT
+    names the commit): its code hash, computed again on a checkout, can."""
+    import shutil
+
+    from bench.harness import ROOT, code_hash
+
+    for folder in ("gpupace", "kernels", "bench"):
+        shutil.copytree(ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("results", "__pycache__"))
+    assert code_hash(tmp_path) == code_hash()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "bench" / "results").mkdir()
+    (tmp_path / "bench" / "results" / "x.py").write_text("not code\n")  # results: not code
+    assert code_hash(tmp_path) == code_hash()
+    (tmp_path / "kernels" / "spin.py").write_text("changed\n")
+    assert code_hash(tmp_path) != code_hash()

@@ -334,8 +334,8 @@ class DeviceEngine:
         self._update(n)
 
     # At world size 1 the exchange is a copy. The benchmarks set this to run the all_gather
-    # all the same: the added time per collective they report is then what a step of many
-    # ranks pays for its exchange (one tiny NCCL launch), not less.
+    # all the same: the added time per collective they report then holds the launch a step of
+    # many ranks pays for its exchange (one tiny NCCL launch), without the network's time.
     gather_alone = False
 
     def _exchange(self) -> None:
