@@ -78,6 +78,11 @@ class Pacer(Joinable):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.group = group
         if dist.is_available() and dist.is_initialized():
+            if group is not None and group is getattr(dist.GroupMember, "NON_GROUP_MEMBER", ()):
+                # what new_group() gives the ranks outside it; torch's own error named no group
+                raise ValueError(f"rank {dist.get_rank()} is not in this pacer's process group: "
+                                 "build a group's pacer on the group's ranks alone (new_group "
+                                 "returns a non-member marker on the others)")
             self.rank = dist.get_rank(group)
             self.world_size = dist.get_world_size(group)
             pg_backend = group_backend(group)

@@ -567,6 +567,13 @@ def _open(path: Path) -> TextIO:
 
 
 MAX_WORLD_SIZE = 1 << 20  # a header past it is corrupt (the simulator stops at 65536 ranks)
+# Compressors' magic numbers as a first line read as UTF-8 with errors replaced shows them.
+COMPRESSED = (("\x1f\ufffd", "gzip"), ("(\ufffd/\ufffd", "zstd"), ("\ufffd7zXZ", "xz"),
+              ("BZh", "bzip2"))
+
+
+def _compressed(first: str) -> str | None:
+    return next((kind for magic, kind in COMPRESSED if first.startswith(magic)), None)
 
 
 def _header(f: TextIO, path: Path) -> dict[str, Any]:
@@ -576,6 +583,9 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
     try:
         header = json.loads(first)
     except json.JSONDecodeError as e:
+        if (kind := _compressed(first)) is not None:
+            raise NotTelemetry(f"{path} is {kind}-compressed: decompress it first, gpupace "
+                               "reads plain JSON lines") from None
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
     if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header")

@@ -1079,3 +1079,19 @@ def test_steps_without_any_paced_collective_warn_once_that_nothing_is_paced():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _steps(paced, 2 * IDLE_STEPS)
+
+
+def _outside_the_group(rank, world):
+    group = dist.new_group([0])  # on every rank, as torch requires; rank 1 is not in it
+    try:
+        Pacer(PaceConfig(mode="observe"), group)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_a_rank_outside_the_pacers_group_is_told_so():
+    """torch's own error said "Invalid process group specified", of no group or pacer."""
+    inside, outside = run_ranks(_outside_the_group, 2)
+    assert inside is None
+    assert outside is not None and "rank 1 is not in this pacer's process group" in outside

@@ -186,6 +186,30 @@ def test_empty_missing_and_foreign_files_give_one_clear_error(tmp_path, capsys):
         assert why in lines[0] and Path(path).name in lines[0]
 
 
+def test_compressed_and_kept_aside_files_are_named_not_passed_over_silently(sim_dir, tmp_path):
+    """A folder's run.jsonl.gz was dropped without a word, naming it said "line 1 is not a
+    gpupace telemetry header (Expecting value...)", and a folder of a kept-aside run.jsonl.1
+    alone said it held no telemetry files (a review's runs)."""
+    import gzip
+
+    src, _ = _telemetry(sim_dir, "quiet", 1, 4, 1, steps=100)
+    d = tmp_path / "tel"
+    d.mkdir()
+    (d / "run.jsonl").write_bytes(src.read_bytes())
+    (d / "old.jsonl.gz").write_bytes(gzip.compress(src.read_bytes()))
+    (run,) = load_runs([d])
+    assert any("left out: old.jsonl.gz, not .jsonl files" in n for n in run.notes), run.notes
+    with pytest.raises(ValueError, match="old.jsonl.gz is gzip-compressed: decompress it first"):
+        load_runs([d / "old.jsonl.gz"])
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    (aside / "run.jsonl.1").write_bytes(src.read_bytes())
+    with pytest.raises(ValueError, match=r"no .jsonl telemetry files \(it holds run.jsonl.1: "
+                                         "name a file to report it"):
+        load_runs([aside])
+    assert load_runs([aside / "run.jsonl.1"])[0].steps == 100
+
+
 def test_a_directory_stands_for_its_jsonl_files(sim_dir, tmp_path):
     src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
     d = tmp_path / "tel"

@@ -454,7 +454,11 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
         if p.is_dir():
             found = sorted(f for f in p.glob("*.jsonl") if f.is_file())  # not a folder, a FIFO
             if not found:
-                raise ValueError(f"{p} is a directory with no .jsonl telemetry files")
+                others = sorted(f.name for f in p.glob("*.jsonl.*") if f.is_file())
+                said = (f" (it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
+                        ": name a file to report it; a compressed one decompressed)"
+                        if others else "")
+                raise ValueError(f"{p} is a directory with no .jsonl telemetry files{said}")
             files += found
             listed.update(f.resolve() for f in found)
         else:
@@ -610,6 +614,11 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         raise ValueError("no gpupace telemetry among the files given: "
                          + "; ".join(passed_over))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
+    packed = sorted(f.name for d in map(Path, paths) if d.is_dir()
+                    for f in d.glob("*.jsonl.*") if f.is_file() and not f.suffix[1:].isdigit())
+    if packed:  # run.jsonl.gz: the directory stands for its .jsonl files alone
+        runs[0].notes.append(f"left out: {', '.join(packed[:4])}{' ...' if len(packed) > 4 else ''}"
+                             ", not .jsonl files (decompressed, a file is read)")
     if aside := kept_aside(paths, given):
         names = ", ".join(p.name for p in aside[:4]) + (" ..." if len(aside) > 4 else "")
         runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "
