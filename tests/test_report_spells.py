@@ -4,6 +4,8 @@ ranks are late at random, steadily, or all run long."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_report_ranks import _late, _run
@@ -220,3 +222,24 @@ def test_a_comparison_with_a_run_of_no_measured_step_says_nothing_of_its_p99():
     assert any("p99 of 20 measured steps" in n for n in notes(few, {**few, "measured_steps": 50},
                                                                False))
     assert not any("p99" in n for n in notes({**few, "measured_steps": 0}, few, False))
+
+
+def test_the_readme_names_every_key_a_script_reads():
+    """findings.json's and the telemetry records' keys were documented nowhere but in code (a
+    review): the README's "The files, for scripts" names each."""
+    import dataclasses
+    from pathlib import Path
+
+    from gpupace.telemetry import StepRecord
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### The files, for scripts")[1].split("\n## ")[0]
+    steady, _ = _arrivals(16, 200, [((4,), 0, 200, 3000.0)])
+    doc = findings([steady], [diagnose(steady)])
+    run = doc["runs"][0]
+    keys = {*doc, *run, *run["summary"], *run["modes"][0],
+            *(f.name for f in dataclasses.fields(StepRecord))}
+    named = set(re.findall(r"`([a-z0-9_]+)`", section))
+    for stem, alts in re.findall(r"`([a-z_]+)_\{([a-z0-9,]+)\}`", section):  # `x_{mean,p99}`
+        named |= {f"{stem}_{a}" for a in alts.split(",")}
+    assert not keys - named, sorted(keys - named)
