@@ -243,3 +243,12 @@ def test_the_readme_names_every_key_a_script_reads():
     for stem, alts in re.findall(r"`([a-z_]+)_\{([a-z0-9,]+)\}`", section):  # `x_{mean,p99}`
         named |= {f"{stem}_{a}" for a in alts.split(",")}
     assert not keys - named, sorted(keys - named)
+
+
+def test_a_share_of_steps_is_of_the_measured_steps():
+    """Rank 2 last in 28 of 31 measured steps, the other 3 without a clear last rank: the
+    headline said "last in 100% of steps" (of the clear ones), where the histogram had 28."""
+    run, _ = _arrivals(16, 31, [((2,), 0, 28, 3000.0)])
+    d = diagnose(run)
+    assert d.summary["late_rank"]["steps_with_clear_last"] == 28
+    assert headline(d).startswith("r: rank 2 last in 90% of steps"), headline(d)

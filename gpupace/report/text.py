@@ -40,9 +40,12 @@ def headline(d: Diagnosis) -> str:
     else:
         pct = 100 * lr["last_fraction"]
         clear, measured = lr["steps_with_clear_last"], s.get("measured_steps", 0)
-        # A share of few steps must say how few (the others had no spread worth a last rank).
-        of = "of steps" if clear >= 0.9 * measured else \
-            f"of the {clear} steps with a clear last rank ({measured} measured)"
+        # A share of few steps must say how few (the others had no spread worth a last rank);
+        # "of steps" is of the measured ones (last in 28 of 31 read "100% of steps").
+        if clear >= 0.9 * measured:
+            pct, of = 100 * lr["last_steps"] / max(measured, 1), "of steps"
+        else:
+            of = f"of the {clear} steps with a clear last rank ({measured} measured)"
         if lr["persistent"]:
             behind = lr["behind_median_us"]
             by = f", typically {behind / 1e3:.1f} ms behind {_reference(s)}" \
