@@ -653,6 +653,14 @@ def test_spread_growing_with_world_size_across_runs(sim_dir, tmp_path, capsys):
     assert rows[1]["spread_p50_us"] > rows[0]["spread_p50_us"]
     assert doc["scaling"]["spread_grows_with_world_size"] is True
     assert "Across world sizes" in (tmp_path / "out" / "report.html").read_text()
+    # Runs of other jobs (another preset here; the demo beside a real job): no trend read
+    other, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, label="8 ranks, quiet", steps=200)
+    rc, cap = _report(tmp_path, capsys, large, small, other)
+    scale = json.loads((tmp_path / "out" / "findings.json").read_text())["scaling"]
+    assert rc == 0 and scale["spread_grows_with_world_size"] is None
+    assert len(scale["rows"]) == 3 and scale["note"].startswith("runs of different jobs")
+    assert "Runs of different jobs: their spreads are listed" in \
+        (tmp_path / "out" / "report.html").read_text()
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")

@@ -49,6 +49,7 @@ with world size needs several runs (`scaling`).
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -716,6 +717,21 @@ def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
     if len(sizes) < 2:
         return None
     rows.sort(key=lambda r: (r["world_size"], r["label"]))
+    if len({_job(run) for run in runs}) > 1:  # the demo's 2 ranks, a real job's 16: no trend
+        return {"rows": rows, "spread_grows_with_world_size": None,
+                "note": "runs of different jobs: their spreads are listed, no trend is read "
+                        "across them"}
     by = [np.median([r["spread_p50_us"] for r in rows if r["world_size"] == w]) for w in sizes]
     grows = bool(all(b > a for a, b in zip(by[:-1], by[1:], strict=True)))
     return {"rows": rows, "spread_grows_with_world_size": grows}
+
+
+def _job(run: Run) -> tuple:
+    """What runs of one job at several world sizes share: `compare.JOB_FIELDS` but the
+    samples a step (which grow with the ranks), and a simulated run's preset."""
+    from .compare import JOB_FIELDS
+
+    sim = run.header.get("sim")
+    return (*(json.dumps(run.header.get(k), sort_keys=True, default=str)
+              for k in JOB_FIELDS if k != "samples_per_step"),
+            sim.get("preset") if isinstance(sim, dict) else None)

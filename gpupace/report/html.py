@@ -181,9 +181,11 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
 
     scale = scaling(list(runs), list(diags))
     if scale is not None:
-        verdict = "grows" if scale["spread_grows_with_world_size"] else "does not grow"
-        parts.append(f"<h3>Across world sizes</h3><p>The median arrival spread {verdict} with "
-                     "the world size (synchronisation amplification makes it grow).</p>"
+        grows = scale["spread_grows_with_world_size"]
+        said = (f"The median arrival spread {'grows' if grows else 'does not grow'} with the "
+                "world size (synchronisation amplification makes it grow)." if grows is not None
+                else f"{scale['note'][0].upper()}{scale['note'][1:]}.")
+        parts.append(f"<h3>Across world sizes</h3><p>{esc(said)}</p>"
                      "<table><tr><th class='l'>run</th><th>ranks</th><th>spread p50 (ms)</th>"
                      "<th>spread / step</th><th>sync_amplification share</th></tr>")
         for r in scale["rows"]:
