@@ -19,6 +19,9 @@ from typing import Any
 
 MODES = ("off", "observe", "pace")
 ENV_PREFIX = "GPUPACE_"
+# The largest max_delay_us: 1 s a step is a broken setting, and the device's spin stops there
+# (`kernels.spin.HARD_CAP_US`, a test holds them equal), where the host's would go on.
+MAX_DELAY_LIMIT_US = 1e6
 # GPUPACE_* variables that are not PaceConfig fields: the device backend's launch switches
 # (kernels/launch.py, backends/tail.py), and the device check's and its tests'.
 OTHER_ENV = {"GPUPACE_DIRECT_LAUNCH", "GPUPACE_TAIL_GRAPH", "GPUPACE_CHECK_T0",
@@ -54,10 +57,12 @@ class PaceConfig:
     """Margin (us) subtracted from every delay, so a paced rank still arrives before the last one."""
 
     max_delay_us: float | None = None
-    """Hard upper bound (us) on one delay at one site."""
+    """Hard upper bound (us) on a rank's delays in one step, at one site and summed over its
+    sites; at most 1 s (`MAX_DELAY_LIMIT_US`, past which the device's spin never spins)."""
 
     cap_fraction: float | None = None
-    """Upper bound on one delay as a fraction of the step time, in (0, 1]."""
+    """Upper bound on a rank's delays in one step (at one site and summed over its sites) as a
+    fraction of the step time, in (0, 1]."""
 
     floor_rise: float | None = None
     """Rate (0, 1] at which the earliness floor follows a larger earliness (slow up); also the
@@ -173,7 +178,7 @@ class PaceConfig:
         _check_int("off_steps", self.off_steps, 1)
         _check_range("gain", self.gain, 0.0, 1.0)
         _check_range("guard_us", self.guard_us, 0.0, math.inf)
-        _check_range("max_delay_us", self.max_delay_us, 0.0, 10e6, lo_open=True)
+        _check_range("max_delay_us", self.max_delay_us, 0.0, MAX_DELAY_LIMIT_US, lo_open=True)
         _check_range("cap_fraction", self.cap_fraction, 0.0, 1.0, lo_open=True)
         _check_range("floor_rise", self.floor_rise, 0.0, 1.0, lo_open=True)
         _check_range("floor_fall", self.floor_fall, 0.0, 1.0, lo_open=True)

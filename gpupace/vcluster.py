@@ -103,8 +103,7 @@ class VirtualCluster:
         # odd step would compile another kernel between the ranks' launches)
         self.start_hist = torch.full((max_steps, 2), torch.iinfo(i64).max, dtype=i64, device=dev)
         self.streams = [torch.cuda.Stream(device=dev) for _ in range(n)]
-        self._views = {k: __import__("cupy").from_dlpack(v) for k, v in
-                       {"gathered": self.gathered, **self.red}.items()}
+        self._views = reduce.views({"gathered": self.gathered, **self.red})
         self.steps = 0
 
     def _reset_rows(self) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-ABSURD_US = 1e9  # gpupace.policy.ABSURD_US; kernels do not import the library
+ABSURD_US = 1e9  # gpupace.policy.ABSURD_US (a test holds them equal): no numba import here
 N_SITE_STATS = 5
 MAX_SORT = 8192  # 32 KB of shared memory, under the 48 KB a block gets without opting in
 
@@ -247,6 +247,14 @@ def outputs(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, Any]:
 
 
 OUTPUTS = ("valid", "n_valid", "site", "straggler", "median", "sums", "counts")
+
+
+def views(buffers: dict[str, Any]) -> dict[str, Any]:
+    """CuPy views (DLPack, no copy) of torch CUDA tensors, by name: the gathered matrix and the
+    outputs as `reduce_rows` takes them. Made once, before any capture."""
+    import cupy
+
+    return {k: cupy.from_dlpack(v) for k, v in buffers.items()}
 
 
 def reduce_rows(gathered: Any, out: dict[str, Any], *, n_sites: int, stream_ptr: int,

@@ -38,8 +38,8 @@ from gpupace.policy import ARRIVAL_RATE
 from .clock import now, sleep_ns, stamp_now, use_clock
 from .launch import COMPILE_OPTIONS, Hot, site_launcher
 
-# A delay above 1 s per collective is a broken buffer, not pacing; PaceConfig allows up to 10 s
-# but the device never spins longer than this.
+# A delay above 1 s per collective is a broken buffer, not pacing: the device never spins longer
+# than this, whatever its delay buffer holds (PaceConfig's max_delay_us stops there too).
 HARD_CAP_US = 1_000_000.0
 # One clock read and compare takes far more than 2 ns, so cap / 2 ns reads cover any real
 # delay; the bound matters only when the clock is stuck.

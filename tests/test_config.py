@@ -35,6 +35,8 @@ def test_env_is_read_in_the_constructor_not_at_import(monkeypatch):
     [
         ({"mode": "fast"}, r"mode must be one of .* got 'fast'"),
         ({"max_delay_us": -1.0}, r"max_delay_us must be .* got -1.0"),
+        # past the device's hard cap, where the host's spin alone would go on (a review)
+        ({"max_delay_us": 2e6}, r"max_delay_us must be .* got 2000000.0"),
         ({"gain": 1.5}, r"gain must be .*\[0.0, 1.0\], got 1.5"),
         ({"cap_fraction": 0.0}, r"cap_fraction must be .*\(0.0, 1.0\], got 0.0"),
         ({"threshold_us": float("nan")}, r"threshold_us must be a finite number"),

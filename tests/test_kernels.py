@@ -335,3 +335,19 @@ def test_reduce_reference_sums_left_to_right_in_float32_as_the_kernel(k):
     g = np.zeros((1, 2 + 2 * m), dtype=np.float32)
     g[0, 0], g[0, 2], g[0, 3:2 + m] = m, 1e8, 3.0
     assert k["reduce"].reduce_reference(g, m)["sums"][0, 0] == np.float32(1e8)
+
+
+def test_the_reductions_copy_of_the_policys_bound_is_the_policys():
+    """kernels/reduce.py keeps ABSURD_US without importing the library (numba): the same value."""
+    from gpupace import policy_fast
+    from gpupace.kernels import reduce
+
+    assert reduce.ABSURD_US == policy.ABSURD_US == policy_fast.ABSURD_US
+
+
+def test_the_spins_hard_cap_is_the_largest_max_delay_a_config_takes():
+    from gpupace.config import MAX_DELAY_LIMIT_US
+    from gpupace.kernels import spin
+
+    assert spin.HARD_CAP_US == MAX_DELAY_LIMIT_US
+    PaceConfig(max_delay_us=MAX_DELAY_LIMIT_US)

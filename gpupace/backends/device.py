@@ -365,10 +365,7 @@ class DeviceEngine:
     def _views(self) -> dict[str, Any]:
         """CuPy views of the reduction's buffers, made once (DLPack), before any capture."""
         if self._cupy_views is None:
-            import cupy
-
-            bufs = {"gathered": self.gathered, **self.red}
-            self._cupy_views = {k: cupy.from_dlpack(v) for k, v in bufs.items()}
+            self._cupy_views = self._k_reduce.views({"gathered": self.gathered, **self.red})
         return self._cupy_views
 
     # -- telemetry --------------------------------------------------------------------------
