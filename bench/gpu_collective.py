@@ -13,6 +13,7 @@ variants alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -51,9 +52,9 @@ def _device_pacer():
 def bench_site(h: Harness) -> None:
     """Added time per paced collective, eager and in a CUDA graph: a step of 8 small
     all_reduces, paced (with its step()) against plain, pair by pair, divided by 8. Eager
-    pairs are windows of COPY_EVERY steps, which hold the one step in eight that copies the
-    telemetry ring and records CUDA events: single steps' median left it out (44 us a
-    collective on 2026-11-30, where the same row's mean was 55)."""
+    pairs are windows of steps that hold a step that copies the telemetry ring and one that
+    records CUDA events (one in COPY_EVERY and one in PHASE_EVERY): single steps' median left
+    them out (44 us a collective on 2026-11-30, where the same row's mean was 55)."""
     why = gc.missing(*NEEDS)
     if why:
         h.skip("site", why)
@@ -61,8 +62,9 @@ def bench_site(h: Harness) -> None:
     import torch
     import torch.distributed as dist
 
-    from gpupace.backends.device import COPY_EVERY
+    from gpupace.backends.device import COPY_EVERY, PHASE_EVERY
 
+    window_steps = math.lcm(COPY_EVERY, PHASE_EVERY)  # a telemetry copy and a timed step each
     k = SITES_PER_STEP
     reps = 30 if h.quick else 300
     with gc.nccl_world1(), gc.side_stream() as s:
@@ -80,7 +82,7 @@ def bench_site(h: Harness) -> None:
 
         def window(step: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
-                for _ in range(COPY_EVERY):
+                for _ in range(window_steps):
                     step()
             return run
 
@@ -91,10 +93,10 @@ def bench_site(h: Harness) -> None:
         eager = interleave(
             {"plain": window(plain), "paced": window(paced), "step": window(lone.step)},
             warmup=2,
-            repeats=max(10, reps // COPY_EVERY),
+            repeats=max(10, reps // window_steps),
             sync=torch.cuda.synchronize,
         )
-        eager = {v: x / COPY_EVERY for v, x in eager.items()}  # a step's share of its window
+        eager = {v: x / window_steps for v, x in eager.items()}  # a step's share of its window
         pacer.warmup()
         g_plain = gc.capture(plain, inner=1, stream=s)
         g_paced = gc.capture(paced, inner=1, stream=s)
@@ -124,7 +126,7 @@ def bench_site(h: Harness) -> None:
             "paced_collective", {**case, "mode": mode, "variant": "added per collective"}, added
         )["p50"]
     detail = (f"(paced step of {k} - plain step of {k}) / {k}, median of pairs (eager: of "
-              f"windows of {COPY_EVERY} steps); step update included")
+              f"windows of {window_steps} steps); step update included")
     h.check(
         "added time per paced collective, CUDA graph",
         out["graph"],

@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = argparse.ArgumentParser(prog=f"gpupace {argv[0]}", description=COMMANDS[argv[0]][1])
     module.add_arguments(cmd)
     args = cmd.parse_args(argv[1:])
-    stdout, sys.stdout = sys.stdout, _UntilReaderGone(sys.stdout)
+    stdout = sys.stdout
+    if stdout is not None:  # None: started with stdout closed, where print() writes nothing
+        sys.stdout = _UntilReaderGone(stdout)
     try:
         return int(module.run(args) or 0)
     except (ValueError, OSError, TimeoutError, RuntimeError) as e:

@@ -316,11 +316,13 @@ class Pacer(Joinable):
         if self._closed:
             self._warn_once("closed", "gpupace: pacer.step() after pacer.close(): pacing and "
                             "summary() go on, but the telemetry file and TensorBoard are closed")
-        if self.steps == IDLE_STEPS and self._sites_most == 0 and self._sites_this_step == 0:
+        own_steps = self.steps - max(self._resumed_at, 0)  # a resumed job's count starts on
+        if own_steps == IDLE_STEPS and self._sites_most == 0 and self._sites_this_step == 0:
             self._warn_once("idle", f"gpupace: {IDLE_STEPS} steps and no paced collective: "
                             "pacer.attach(ddp_model) was not called, or nothing goes through "
-                            "pacer.all_reduce, site or collective; each step() still costs its "
-                            "all_gather, and nothing is timed, paced or recorded")
+                            "pacer.all_reduce, site or collective (or not yet); each step() "
+                            "still costs its all_gather, and nothing is timed, paced or "
+                            "recorded")
         if self._sites_this_step == 0 and self._sites_last_step > 0:
             self._warn_once("empty_step", "gpupace: pacer.step() saw no paced collective since "
                             f"the last step() (the step before had {self._sites_last_step}): "
@@ -503,8 +505,9 @@ class Pacer(Joinable):
         data-parallel subgroup (tensor or pipeline parallelism beside it) needs
         `Pacer(..., group=ddp_model.process_group)`, or its gradients would be averaged with
         other shards'. The hook refuses to run unless registered here, where that is checked.
-        With `mode="off"` it registers nothing: DDP reduces as it would without gpupace."""
-        from .integrations.ddp import ddp_comm_hook
+        With `mode="off"` it registers nothing, `hook` neither: DDP reduces as it would without
+        gpupace."""
+        from .integrations.ddp import Attached, ddp_comm_hook
         self.check_group()
         if not callable(getattr(ddp_model, "register_comm_hook", None)):
             raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "
@@ -530,7 +533,7 @@ class Pacer(Joinable):
         if not self.enabled:
             return
         try:
-            ddp_model.register_comm_hook(self, hook or ddp_comm_hook)
+            ddp_model.register_comm_hook(Attached(self), hook or ddp_comm_hook)
         except RuntimeError as e:
             if "only be called once" not in str(e):
                 raise

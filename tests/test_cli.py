@@ -50,3 +50,15 @@ def test_an_output_file_that_exists_must_be_writable(tmp_path):
     mine.chmod(0o444)
     with pytest.raises(ValueError, match="--json must be a file that can be written"):
         check_output_file("--json", str(mine))
+
+
+def test_a_command_started_with_stdout_closed_runs():
+    """`gpupace doctor >&-`: Python sets sys.stdout to None, where print() writes nothing;
+    the wrapper for a reader that has gone took None for a stream and raised (a review)."""
+    import shlex
+    import subprocess
+    import sys
+
+    out = subprocess.run(f"{shlex.quote(sys.executable)} -m gpupace doctor >&-", shell=True,
+                         capture_output=False, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert out.returncode in (0, 1) and "Traceback" not in out.stderr, out.stderr

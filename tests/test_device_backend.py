@@ -341,8 +341,9 @@ def test_a_device_step_cut_short_leaves_no_sites_to_the_next(interp):
     test in test_pacer_dist), and the next step's row said two sites for its one."""
     from gpupace.backends.device import DeviceEngine
 
-    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
-    eng.exit(eng.arrive())
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=4), None, 0, 1, device="cpu")
+    for _ in range(3):  # three sites, the next step one: the row's marks counted as sites
+        eng.exit(eng.arrive())
     exchange = eng._exchange
 
     def interrupted():
@@ -356,6 +357,7 @@ def test_a_device_step_cut_short_leaves_no_sites_to_the_next(interp):
     eng.exit(eng.arrive())
     eng.end_step(1, 0.0)
     assert eng.gathered[0, 0] == 1  # one site, as this step had
+    assert torch.isnan(eng.gathered[0, 3:6]).all() and (eng.gathered[0, 7:] == 0).all()
 
 
 @pytest.mark.parametrize("fork, capturing, generation, action", [

@@ -587,7 +587,8 @@ def _copied_model(rank, world, path):
     twin = copy.deepcopy(ddp)  # failed: the telemetry file cannot be pickled
     pickle.loads(pickle.dumps(ddp))
     torch.save(ddp, io.BytesIO())
-    (hook, copied), = twin._comm_hooks
+    (hook, state), = twin._comm_hooks
+    copied = state.pacer  # the copy's pacer, in the hook's state (`ddp.Attached`)
     twin(torch.randn(2, 8)).sum().backward()  # the copy's reducer: DDP's own, no pacing
     ddp(torch.randn(2, 8)).sum().backward()
     pacer.step()  # the original goes on pacing and writing
@@ -1049,17 +1050,27 @@ def _hooked_by_hand(rank, world):
     pacer.attach(wrapped, hook=hook)
     wrapped(torch.ones(2, 4)).sum().backward()
     pacer.step()
-    return refused, calls, pacer.site_names
+    # attached to one model, registered by hand on another: refused too (the check is the
+    # model's)
+    other = DDP(torch.nn.Linear(4, 4))
+    other.register_comm_hook(pacer, ddp_comm_hook)
+    try:
+        other(torch.ones(2, 4)).sum().backward()
+        again = None
+    except RuntimeError as e:
+        again = str(e)
+    return refused, calls, pacer.site_names, again
 
 
 def test_the_ddp_hook_runs_only_as_attach_registers_it():
     """Registered by hand, the hook skipped attach()'s check of the model's process group: a
     subgroup model's gradients were averaged over the whole world without a word (a review's
     run). It refuses, saying how; a hook of one's own that calls it goes through attach()."""
-    for refused, calls, names in run_ranks(_hooked_by_hand, 2):
+    for refused, calls, names, again in run_ranks(_hooked_by_hand, 2):
         assert refused is not None and "runs only as registered by pacer.attach(ddp_model)" \
             in refused and "hook=your_hook" in refused, refused
         assert calls == [0] and names == ["bucket0"]
+        assert again is not None and "runs only as registered" in again, again
 
 
 def test_steps_without_any_paced_collective_warn_once_that_nothing_is_paced():
@@ -1079,6 +1090,17 @@ def test_steps_without_any_paced_collective_warn_once_that_nothing_is_paced():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _steps(paced, 2 * IDLE_STEPS)
+    # resumed from a checkpoint at step 20 (a restarted job, where attach() is easy to
+    # forget): its count starts at 20, and the warning came never (a review)
+    resumed = Pacer(PaceConfig(mode="observe"))
+    resumed.load_state_dict(paced.state_dict())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(IDLE_STEPS - 1):
+            resumed.step()
+        assert not caught
+        resumed.step()
+    assert resumed.steps == 3 * IDLE_STEPS and len(caught) == 1
 
 
 def _outside_the_group(rank, world):

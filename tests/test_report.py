@@ -198,7 +198,10 @@ def test_compressed_and_kept_aside_files_are_named_not_passed_over_silently(sim_
     (d / "run.jsonl").write_bytes(src.read_bytes())
     (d / "old.jsonl.gz").write_bytes(gzip.compress(src.read_bytes()))
     (run,) = load_runs([d])
-    assert any("left out: old.jsonl.gz, not .jsonl files" in n for n in run.notes), run.notes
+    assert any("left out: old.jsonl.gz, not named .jsonl" in n for n in run.notes), run.notes
+    (d / "run.jsonl.bak").write_bytes(src.read_bytes())  # named too: read, not left out
+    assert not any("run.jsonl.bak" in n for r in load_runs([d, d / "run.jsonl.bak"])
+                   for n in r.notes if n.startswith("left out"))
     with pytest.raises(ValueError, match="old.jsonl.gz is gzip-compressed: decompress it first"):
         load_runs([d / "old.jsonl.gz"])
     aside = tmp_path / "aside"
@@ -504,6 +507,18 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
     (comp,) = compared([runs[by_label["none-2"]], other])
     assert "different jobs (source_detail None and 'demo'; scenario None and 'straggler'): " \
         "the changes compare them" in " ".join(comp["notes"]), comp["notes"]
+    # Each paced run meets the baseline of its own job, whatever the order given
+    demo_base = dataclasses.replace(runs[by_label["none-2"]], label="demo-base")
+    demo_base.header = {**demo_base.header, "scenario": "straggler", "source_detail": "demo"}
+    other.label = "demo-paced"
+    four = [runs[by_label["none-2"]], demo_base, other, runs[by_label["gpupace-2"]]]
+    assert sorted((four[i].label, four[j].label) for i, j in pairs(four)) == [
+        ("demo-base", "demo-paced"), ("none-2", "gpupace-2")]
+    # process_group_backend, which headers before 2026-11-30 lack, in one header alone
+    later = dataclasses.replace(runs[by_label["gpupace-2"]])
+    later.header = {**later.header, "process_group_backend": "gloo"}
+    (comp,) = compared([runs[by_label["none-2"]], later])
+    assert not any("different jobs" in n for n in comp["notes"]), comp["notes"]
 
 
 def test_rank_files_of_one_run_are_read_once(sim_dir, tmp_path):

@@ -230,15 +230,16 @@ def test_the_readme_names_every_key_a_script_reads():
     import dataclasses
     from pathlib import Path
 
-    from gpupace.telemetry import StepRecord
+    from gpupace.pacer import PACER_HEADER_FIELDS
+    from gpupace.telemetry import HEADER_FIELDS, StepRecord
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("### The files, for scripts")[1].split("\n## ")[0]
     steady, _ = _arrivals(16, 200, [((4,), 0, 200, 3000.0)])
     doc = findings([steady], [diagnose(steady)])
     run = doc["runs"][0]
-    keys = {*doc, *run, *run["summary"], *run["modes"][0],
-            *(f.name for f in dataclasses.fields(StepRecord))}
+    keys = {*doc, *run, *run["summary"], *run["modes"][0], *HEADER_FIELDS,
+            *PACER_HEADER_FIELDS, *(f.name for f in dataclasses.fields(StepRecord))}
     named = set(re.findall(r"`([a-z0-9_]+)`", section))
     for stem, alts in re.findall(r"`([a-z_]+)_\{([a-z0-9,]+)\}`", section):  # `x_{mean,p99}`
         named |= {f"{stem}_{a}" for a in alts.split(",")}
@@ -252,3 +253,4 @@ def test_a_share_of_steps_is_of_the_measured_steps():
     d = diagnose(run)
     assert d.summary["late_rank"]["steps_with_clear_last"] == 28
     assert headline(d).startswith("r: rank 2 last in 90% of steps"), headline(d)
+    assert "rank 2 " in cost_line(d) and "(last in 90%)" in cost_line(d), cost_line(d)

@@ -205,6 +205,14 @@ class DeviceEngine:
         self.n_sites = 0
         self._timed = self._cuda and self._calls % PHASE_EVERY == 0
 
+    def _reset_row(self) -> None:
+        """This rank's row as the update kernel leaves it for the next step: no sites, step
+        time and waits unknown, no delays."""
+        m = self.max_sites
+        self.row[0] = 0.0
+        self.row[1:2 + m] = float("nan")
+        self.row[2 + m:] = 0.0
+
     def _capturing(self) -> bool:
         return self._cuda and torch.cuda.is_current_stream_capturing()
 
@@ -302,7 +310,8 @@ class DeviceEngine:
         try:
             self._exchange()
         except BaseException:  # a step cut short (Ctrl-C in the all_gather) leaves no sites,
-            self._step_events = []  # nor their events, to the next
+            self._step_events = []  # nor their events, to the next; its row starts empty,
+            self._reset_row()  # as the update kernel leaves it (its marks counted as sites)
             self._new_step()
             raise
         # From the second eager step on both kernels are compiled: the graphs may capture them.

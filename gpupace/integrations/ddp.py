@@ -30,15 +30,23 @@ import torch.distributed as dist
 from ..pacer import Pacer
 
 
-def ddp_comm_hook(pacer: Pacer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    if not pacer._hooked:
-        # A bucket tells nothing of the model's process group: attach() checks it is the
-        # pacer's (a hook registered by hand averaged a subgroup model's gradients over the
-        # whole world, without a word).
+class Attached:
+    """The hook's state as `Pacer.attach` registers it on one model: its pacer, checked
+    against that model's process group. A bucket tells nothing of the group, so the hook
+    refuses a pacer registered by hand (one attached to another model included), which
+    averaged a subgroup model's gradients over the whole world without a word."""
+
+    def __init__(self, pacer: Pacer):
+        self.pacer = pacer
+
+
+def ddp_comm_hook(state: Attached, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    if not isinstance(state, Attached):
         raise RuntimeError("gpupace.ddp_comm_hook runs only as registered by "
                            "pacer.attach(ddp_model), which checks that the model reduces over "
-                           "the pacer's ranks; for a hook of your own that calls it, "
-                           "pacer.attach(ddp_model, hook=your_hook)")
+                           "the pacer's ranks; for a hook of your own that calls it with the "
+                           "state it is given, pacer.attach(ddp_model, hook=your_hook)")
+    pacer = state.pacer
     pacer.check_group()  # the division below needs the group's world size
     tensor = bucket.buffer()
     if tensor.is_sparse:  # DDP's reducer divides a sparse gradient, and rounds so

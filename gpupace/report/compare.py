@@ -17,6 +17,7 @@ real job's run and the demo's) are compared with that note too.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +46,14 @@ CHANGES = {
 # The figures the CLI's one comparison line names, in order.
 CLI_KEYS = ("throughput", "step_time_mean", "step_time_p99", "step_time_cv", "spread_mean",
             "entry_spread_mean")
+# Header fields that describe the job a run timed: a paced run and its own baseline share
+# them (the demo's scenario and wait, the samples a step); a real job's run against the
+# demo's, of one world size, was compared without a word.
+JOB_FIELDS = ("source", "source_detail", "samples_per_step", "process_group_backend",
+              "scenario", "wait")
+# Of those, what a header may lack and still be the same job's: samples_per_step given to one
+# run's pacer alone (the throughputs' note says so), process_group_backend before 2026-11-30.
+MAYBE_MISSING = ("samples_per_step", "process_group_backend")
 
 
 def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
@@ -67,13 +76,17 @@ def pairs(runs: Sequence[Run]) -> list[tuple[int, int]]:
 
 def kind(run: Run) -> tuple:
     """What a paced run and its baseline share: the world size, for simulated runs the
-    scenario (preset, seed, steps), and for a pacer on a data-parallel subgroup its global
-    ranks. Runs of 16 and 32 ranks never compare as paced and baseline."""
+    scenario (preset, seed, steps), for a pacer on a data-parallel subgroup its global
+    ranks, and the job fields every header of its writer holds (`JOB_FIELDS` less
+    `MAYBE_MISSING`). Runs of 16 and 32 ranks never compare as paced and baseline, nor a
+    real job's baseline with the demo's paced run when each has its own."""
     sim = run.header.get("sim")
     sim = sim if isinstance(sim, dict) else {}
     group = run.header.get("group_ranks")
     group = tuple(group) if isinstance(group, list) else None
-    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group
+    job = tuple(json.dumps(run.header.get(k), sort_keys=True, default=str)
+                for k in JOB_FIELDS if k not in MAYBE_MISSING)
+    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group, job
 
 
 def resumed_at(a: Run, b: Run) -> int | None:
@@ -108,21 +121,13 @@ def restart_note(a: Run, b: Run) -> str | None:
     return None
 
 
-# Header fields that describe the job a run timed, beside `kind`: a paced run and its own
-# baseline share them (the demo's scenario and wait, the samples a step); a real job's run
-# against the demo's, of one world size, was compared without a word.
-JOB_FIELDS = ("source", "source_detail", "samples_per_step", "process_group_backend",
-              "scenario", "wait")
-
-
 def job_differences(a: Run, b: Run) -> list[str]:
-    """The `JOB_FIELDS` in which two runs' headers differ, as "name A and B". A
-    samples_per_step in one header alone is no difference (given to one run's pacer alone:
-    the throughputs' note says so)."""
+    """The `JOB_FIELDS` in which two runs' headers differ, as "name A and B"; one of
+    `MAYBE_MISSING` in one header alone is no difference."""
     out = []
     for k in JOB_FIELDS:
         va, vb = a.header.get(k), b.header.get(k)
-        if va != vb and not (k == "samples_per_step" and None in (va, vb)):
+        if va != vb and not (k in MAYBE_MISSING and None in (va, vb)):
             out.append(f"{k} {va!r} and {vb!r}")
     return out
 
@@ -175,14 +180,8 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     if restart:
         out.append(restart)
     if runs is not None and (kind(runs[0]) != kind(runs[1]) or job_differences(*runs)):
-        b, o = runs
-        what = ("; ".join(job_differences(b, o)) if kind(b) == kind(o)
-                else f"{b.world_size} and {o.world_size} ranks" if b.world_size != o.world_size
-                else "other simulated scenarios" if b.header.get("sim") and o.header.get("sim")
-                else "a simulated run and a real one" if b.header.get("sim") or o.header.get("sim")
-                else "other data-parallel groups")
-        out.append(f"different jobs ({what}): the changes compare them, not a paced run with "
-                   "its own baseline")
+        out.append(f"different jobs ({_difference(*runs)}): the changes compare them, not a "
+                   "paced run with its own baseline")
     if base.get("throughput_unit") != other.get("throughput_unit"):
         out.append(f"throughput not compared: {base.get('throughput_unit')} against "
                    f"{other.get('throughput_unit')} (samples_per_step is in one run's header "
@@ -202,6 +201,18 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
             "in the simulator that is the baseline's run again" if simulated else
             "both ran the same code, so the changes are this machine's noise"))
     return out
+
+
+def _difference(b: Run, o: Run) -> str:
+    """What makes two runs different jobs, in words."""
+    sims = [r.header.get("sim") for r in (b, o)]
+    if b.world_size != o.world_size:
+        return f"{b.world_size} and {o.world_size} ranks"
+    if all(sims) and kind(b)[1:4] != kind(o)[1:4]:
+        return "other simulated scenarios"
+    if any(sims) and not all(sims):
+        return "a simulated run and a real one"
+    return "; ".join(job_differences(b, o)) or "other data-parallel groups"
 
 
 def fmt_change(key: str, v: float | None) -> str:

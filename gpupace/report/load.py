@@ -614,11 +614,14 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         raise ValueError("no gpupace telemetry among the files given: "
                          + "; ".join(passed_over))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
+    named = {f.resolve() for f in given}
     packed = sorted(f.name for d in map(Path, paths) if d.is_dir()
-                    for f in d.glob("*.jsonl.*") if f.is_file() and not f.suffix[1:].isdigit())
-    if packed:  # run.jsonl.gz: the directory stands for its .jsonl files alone
+                    for f in d.glob("*.jsonl.*") if f.is_file() and not f.suffix[1:].isdigit()
+                    and f.resolve() not in named)
+    if packed:  # run.jsonl.gz, .bak: the directory stands for its .jsonl files alone
         runs[0].notes.append(f"left out: {', '.join(packed[:4])}{' ...' if len(packed) > 4 else ''}"
-                             ", not .jsonl files (decompressed, a file is read)")
+                             ", not named .jsonl (name one to read it; a compressed one, "
+                             "decompressed)")
     if aside := kept_aside(paths, given):
         names = ", ".join(p.name for p in aside[:4]) + (" ..." if len(aside) > 4 else "")
         runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "

@@ -187,6 +187,7 @@ def rank_costs(run: Run, top: int = TOP_RANKS) -> dict[str, Any] | None:
     clear = int(counts.sum())
     ranks = [{"rank": int(r), "cost_us_per_step": float(cost[r]),
               "share_of_step": float(cost[r]) / mean_step,
-              "last_fraction": float(counts[r]) / clear}
+              "last_fraction": float(counts[r]) / clear, "last_steps": int(counts[r])}
              for r in np.argsort(-cost, kind="stable")[:top] if cost[r] > 0]
-    return {"lead_us_per_step": total, "share_of_step": total / mean_step, "ranks": ranks}
+    return {"lead_us_per_step": total, "share_of_step": total / mean_step, "ranks": ranks,
+            "steps_with_clear_last": clear}

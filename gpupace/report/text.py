@@ -38,14 +38,8 @@ def headline(d: Diagnosis) -> str:
     elif lr is None:
         who = "no step with a clear last rank"
     else:
-        pct = 100 * lr["last_fraction"]
-        clear, measured = lr["steps_with_clear_last"], s.get("measured_steps", 0)
-        # A share of few steps must say how few (the others had no spread worth a last rank);
-        # "of steps" is of the measured ones (last in 28 of 31 read "100% of steps").
-        if clear >= 0.9 * measured:
-            pct, of = 100 * lr["last_steps"] / max(measured, 1), "of steps"
-        else:
-            of = f"of the {clear} steps with a clear last rank ({measured} measured)"
+        pct, of = _last_share(lr["last_steps"], lr["steps_with_clear_last"],
+                              s.get("measured_steps", 0))
         if lr["persistent"]:
             behind = lr["behind_median_us"]
             by = f", typically {behind / 1e3:.1f} ms behind {_reference(s)}" \
@@ -98,13 +92,27 @@ def cost_line(d: Diagnosis) -> str:
                      f"average ({100 * spells['share_of_step']:.1f}% of the measured time)")
     c = d.summary.get("late_cost")
     if c and (group is None or c["lead_us_per_step"] >= 5.0):  # shown as >= 0.01 ms
-        ranks = ", ".join(f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms "
-                          f"(last in {100 * r['last_fraction']:.0f}%)" for r in c["ranks"][:3])
+        measured = d.summary.get("measured_steps", 0)
+        ranks = ", ".join(
+            f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms (last in "
+            f"{_last_share(r['last_steps'], c['steps_with_clear_last'], measured)[0]:.0f}%)"
+            for r in c["ranks"][:3])
         by = f": {ranks}" if ranks else ""
         parts.append(f"the last rank's lead over the next-latest cost up to "
                      f"{c['lead_us_per_step'] / 1e3:.2f} ms a step "
                      f"({100 * c['share_of_step']:.1f}% of the mean step){by}")
     return "; ".join(parts)
+
+
+def _last_share(last: int, clear: int, measured: int) -> tuple[float, str]:
+    """How often a rank was last, in %, and of what: of the measured steps where nearly all
+    had a clear last rank (last in 28 of 31 read "100% of steps", of the clear ones), else
+    of those that had, saying how few (the others had no spread worth a last rank). The
+    headline and the cost line give the same share."""
+    if clear >= 0.9 * measured:
+        return 100 * last / max(measured, 1), "of steps"
+    return 100 * last / max(clear, 1), \
+        f"of the {clear} steps with a clear last rank ({measured} measured)"
 
 
 def _late_group(d: Diagnosis) -> dict | None:
