@@ -102,9 +102,20 @@ def test_nccl_blocking_wait_is_named_as_a_host_stall(env, named):
 
 
 def test_host_pacer_warmup_is_a_no_op():
-    pacer = Pacer(PaceConfig(mode="pace"), backend="host")
+    """Between steps, as a CUDA-graph user calls it: nothing of the pacer's changes."""
+    pacer = Pacer(PaceConfig(mode="pace", warmup_steps=0), backend="host")
+    for _ in range(3):
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    engine, state = pacer._engine, pacer._engine.state.copy()
+    records = list(pacer.ring)
     pacer.warmup()
-    assert pacer.backend == "host"
+    assert pacer.backend == "host" and pacer._engine is engine and pacer.steps == 3
+    assert list(pacer.ring) == records and engine.n_sites == 0
+    for name in ("floor", "calm", "mean", "var", "delay", "active", "above", "below"):
+        np.testing.assert_array_equal(getattr(engine.state, name), getattr(state, name))
+    assert engine.state.step == state.step
 
 
 def test_engine_on_cpu_needs_the_interpreter(monkeypatch):
@@ -180,7 +191,7 @@ def test_engine_loop_agrees_with_policy_and_paces_the_early_rank(interp):
     stats_all = []
     for k, g in enumerate(seen):
         w, d, st_us = g[:, 2:2 + n_sites], g[:, 2 + m:2 + m + n_sites], g[:, 1]
-        state, stats = policy.update(params, state, w, d, st_us)
+        state, stats = policy.update_reference(params, state, w, d, st_us)
         stats_all.append(stats)
         np.testing.assert_allclose(delays[k], state.delay[0], rtol=1e-4, atol=1e-2)
     # own row: measured waits and step time from the test clock, applied delays from the spin

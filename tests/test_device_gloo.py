@@ -51,7 +51,7 @@ def _rank(rank: int, world: int, n_steps: int):
         eng.end_step(step, 0.0)
         g = eng.gathered.numpy().astype(np.float64).copy()
         seen.append(g)
-        state, _ = policy.update(params, state, g[:, 2:3], g[:, 2 + 2:3 + 2], g[:, 1])
+        state, _ = policy.update_reference(params, state, g[:, 2:3], g[:, 2 + 2:3 + 2], g[:, 1])
         agree.append(np.allclose(eng.state["delay"][0, 0].item(), state.delay[rank, 0],
                                  rtol=1e-4, atol=1e-2))
     return seen, agree, eng.state["delay"][0].numpy().copy(), state.delay.copy()

@@ -72,9 +72,12 @@ def test_spin_refuses_a_backoff_nanosleep_cannot_take(k, backoff):
 def test_spin_hard_cap_beats_a_huge_cap(k):
     # cap_us far above the kernel's hard cap, delay infinite: the hard cap (1 s) applies.
     tick = 20_000_000  # 20 ms per virtual read keeps the interpreter fast
-    applied, reads, _ = spin_once(k, math.inf, cap_us=1e12, fake_tick=tick)
+    want = int(k["spin"].HARD_CAP_US * 1000 / tick)
+    # a read bound past it, so that a spin without the hard cap stops there and fails fast
+    # (it ran until the test's timeout)
+    applied, reads, _ = spin_once(k, math.inf, cap_us=1e12, fake_tick=tick, max_reads=2 * want)
     assert applied == pytest.approx(k["spin"].HARD_CAP_US)
-    assert reads == int(k["spin"].HARD_CAP_US * 1000 / tick)
+    assert reads == want
 
 
 @pytest.mark.parametrize("cap", [float("nan"), -1.0, 0.0])
@@ -298,7 +301,7 @@ def test_reduce_reference_agrees_with_policy(k, data):
     n = w.shape[0]
     out = k["reduce"].reduce_reference(g, n_sites)
     params = policy.PolicyParams.from_config(PaceConfig(), n)
-    _, stats = policy.update(params, policy.init_state(n, n_sites), w, d, steps)
+    _, stats = policy.update_reference(params, policy.init_state(n, n_sites), w, d, steps)
     np.testing.assert_array_equal(out["valid"].astype(bool), stats.valid)
     assert out["n_valid"][0] == stats.valid.sum()
     site = out["site"][:, :n_sites]

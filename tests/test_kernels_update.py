@@ -1,4 +1,6 @@
-"""The fused Triton update kernel against `gpupace.policy.update`, on the CPU under
+"""The fused Triton update kernel against `gpupace.policy.update_reference` (the NumPy reference
+itself: `policy.update` takes the Numba kernel in a process where a test or a host pacer made it
+ready, and a straggler-rule bug in the reference then went unseen here), on the CPU under
 TRITON_INTERPRET=1 (set for this module only, see test_kernels.py): random rows, parameters and
 step sequences (hypothesis), odd rank and site counts, corrupted rows, disagreeing site counts,
 a new site layout, the telemetry record and the row reset.
@@ -127,7 +129,7 @@ def test_update_kernel_agrees_with_policy(k, sc):
     for w, d, st_us in steps:
         rec = dev.step(make_rows(w, d, st_us, m), n_sites, params)
         rec_alone = alone.step(make_rows(w, d, st_us, m), n_sites, params)
-        state, stats = policy.update(params, state, w, d, st_us)
+        state, stats = policy.update_reference(params, state, w, d, st_us)
         compare(dev, state, n_sites)
         compare(alone, state, n_sites)
         # the same record but for the step time, the recording rank's
@@ -190,7 +192,7 @@ def test_a_rank_that_has_been_last_keeps_the_whole_holdoff_as_in_the_policy(k, a
         if step == 2:
             w[1, 0], w[5, 0] = 0.0, 20.0
         dev.step(make_rows(w, np.zeros((n, 1)), np.full(n, 1e4), m), 1, params)
-        state, _ = policy.update(params, state, w, np.zeros((n, 1)), np.full(n, 1e4))
+        state, _ = policy.update_reference(params, state, w, np.zeros((n, 1)), np.full(n, 1e4))
         compare(dev, state, 1)
         rank1.append(bool(state.delay[1, 0] > 0))
     assert state.last_seen[[1, 5], 0].all() and state.n_last.tolist() == [2]
@@ -221,7 +223,7 @@ def test_noisy_early_ranks_get_delays_bounded_by_the_safety_margin_and_the_cap(k
         w = np.round((early[:, None] + noise + 300.0) * 4) / 4  # multiples of 0.25 us
         d, st_us = np.zeros((n, m)), np.full(n, 10_000.0)
         dev.step(make_rows(w, d, st_us, m), m, params)
-        state, stats = policy.update(params, state, w, d, st_us)
+        state, stats = policy.update_reference(params, state, w, d, st_us)
         compare(dev, state, m)
         margin = state.mean - params.safety_z * np.sqrt(np.maximum(state.var, 0.0))
         margin_bound += int(((margin < state.floor) & (state.delay > 0)).sum())
@@ -324,7 +326,7 @@ def test_the_straggler_is_never_delayed_even_with_a_floor(k, alone):
     for w in (early,) * 4 + (late,):
         d, st_us = np.zeros((3, 1)), np.full(3, 10_000.0)
         dev.step(make_rows(w, d, st_us, 1), 1, params)
-        state, stats = policy.update(params, state, w, d, st_us)
+        state, stats = policy.update_reference(params, state, w, d, st_us)
     bound = min(state.floor[1, 0], state.mean[1, 0] - params.safety_z * state.var[1, 0] ** 0.5)
     assert stats.straggler[0] == 1 and bound > 40.0
     compare(dev, state, 1)

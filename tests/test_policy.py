@@ -257,17 +257,23 @@ any_us = st.one_of(finite_us, st.sampled_from([np.nan, np.inf, -1.0, 2e9, 0.0]))
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 7), s=st.integers(1, 3), steps=st.integers(1, 15), data=st.data(),
        mode=st.sampled_from(["pace", "observe", "off"]), warmup=st.integers(0, 3),
-       holdoff=st.sampled_from([0.0, 0.3, 0.5, 1.0, 5.0]))
-def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup, holdoff):
+       holdoff=st.sampled_from([0.0, 0.3, 0.5, 1.0, 5.0]),
+       fall=st.sampled_from([0.25, 0.5, 1.0]), rise=st.sampled_from([0.05, 0.5]),
+       gain=st.sampled_from([0.5, 1.0]), guard=st.sampled_from([0.0, 20.0]))
+def test_fused_update_equals_the_numpy_reference(n, s, steps, data, mode, warmup, holdoff,
+                                                 fall, rise, gain, guard):
     """The fused Numba loop, in place on one state as the host backend and the simulator run
     it (its plan reused from step to step, or remade when the updated rank changes), against
     the NumPy reference. Some steps give the last delays back as the applied ones
-    (`state.delay`, the buffer the kernel writes)."""
+    (`state.delay`, the buffer the kernel writes). The control law's rates and margins vary
+    too: with the default floor_fall of 1 a straggler's floor is 0, and the kernel's straggler
+    rule and floor fall could be broken unseen (mutations of a review survived)."""
     import gpupace.policy as pol
 
     pol.prepare_fused()  # every size on the kernel
     cfg = PaceConfig(mode=mode, warmup_steps=warmup, holdoff_factor=holdoff, on_steps=1,
-                     off_steps=2, threshold_us=100.0, release_us=50.0)
+                     off_steps=2, threshold_us=100.0, release_us=50.0, floor_fall=fall,
+                     floor_rise=rise, gain=gain, guard_us=guard)
     params = PolicyParams.from_config(cfg, n)
     fast, ref = init_state(n, s), init_state(n, s)
     ranks = st.one_of(st.none(), st.integers(0, n - 1))  # a pacer updates its own
@@ -406,6 +412,8 @@ def test_deadline_delay_shortens_by_lateness_and_never_lengthens():
     assert deadline_delay(300.0, 900.0, 1000.0, 0.1) == (300.0, 990.0)  # early: the plan
     assert deadline_delay(300.0, 1500.0, 1000.0, 0.1)[0] == 0.0  # later than the plan: none
     assert deadline_delay(-5.0, 1000.0, 1000.0, 0.1)[0] == 0.0
+    # a minute late (a checkpoint): the mean learns by at most itself, 1000 + 0.1 x 1000
+    assert deadline_delay(0.0, 60e6, 1000.0, 0.1) == (0.0, 1100.0)
 
 
 def test_host_engine_applies_its_delay_as_a_deadline():
@@ -852,3 +860,26 @@ def test_a_noisy_early_rank_is_delayed_no_further_than_its_mean_less_z_sd():
         assert (stats.delay <= np.maximum(margin - cfg.guard_us, 0.0) + 1e-9).all()
         bound_by_margin += int(((margin < st_.floor) & (stats.delay > 0)).sum())
     assert bound_by_margin > 0
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_last_arrival_gets_no_delay_even_with_a_floor_left(fused):
+    """Rank 1 early for four steps builds a floor; then it is last. With a slow fall its bound
+    stays positive, and only the straggler rule keeps its next delay at 0, in the reference
+    and in the fused kernel (at the default floor_fall of 1 the floor falls to 0 and the rule
+    went untested: mutations dropping it survived)."""
+    cfg = PaceConfig(mode="pace", warmup_steps=0, on_steps=1, holdoff_factor=0.0,
+                     threshold_us=10.0, release_us=5.0, gain=1.0, guard_us=0.0,
+                     floor_fall=0.25, floor_rise=0.05)
+    params = PolicyParams.from_config(cfg, 3)
+    state = init_state(3, 1)
+    early, late = np.array([[100.0], [300.0], [0.0]]), np.array([[290.0], [0.0], [280.0]])
+    for w in (early,) * 4:
+        state, _ = update(params, state, w, np.zeros((3, 1)), np.full(3, 1e4), fused=fused)
+    floor = state.floor[1, 0]
+    state, stats = update(params, state, late, np.zeros((3, 1)), np.full(3, 1e4), fused=fused)
+    bound = min(state.floor[1, 0], state.mean[1, 0] - params.safety_z * state.var[1, 0] ** 0.5)
+    assert stats.straggler[0] == 1 and bound > 40.0
+    assert stats.delay[1, 0] == 0.0 and stats.delay[0, 0] > 0.0
+    # its earliness 0: the floor falls by floor_fall of the way, not to 0
+    assert state.floor[1, 0] == pytest.approx(0.75 * floor) and floor > 50.0

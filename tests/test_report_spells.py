@@ -254,3 +254,45 @@ def test_a_share_of_steps_is_of_the_measured_steps():
     assert d.summary["late_rank"]["steps_with_clear_last"] == 28
     assert headline(d).startswith("r: rank 2 last in 90% of steps"), headline(d)
     assert "rank 2 " in cost_line(d) and "(last in 90%)" in cost_line(d), cost_line(d)
+
+
+def test_a_verdict_follows_its_confidence_at_the_thresholds():
+    """Nothing sat near the likely/possible boundary: a threshold moved to 0.8 went unseen."""
+    from gpupace.report.diagnose import LIKELY, MIN_CONFIDENCE, verdict_of
+
+    assert (LIKELY, MIN_CONFIDENCE) == (0.6, 0.3)  # the README's "likely" and "possible"
+    assert [verdict_of(c) for c in (0.6, 0.5999, 0.3, 0.2999, 0.0, 1.0)] == [
+        "likely", "possible", "possible", "not enough evidence", "not enough evidence", "likely"]
+    run, _ = _arrivals(16, 600, [((1,), 0, 600, 3000.0), ((5,), 200, 400, 5000.0)])
+    for m in diagnose(run).modes:
+        assert m.verdict == verdict_of(m.confidence), m
+
+
+def test_lost_time_is_split_without_counting_a_step_twice():
+    """A steady late rank and another's spell over the same steps, either one the later: each
+    step pays one lead (only its last rank leads every other), so the modes' time and the
+    unattributed part add up to the time lost, none of it negative."""
+    for steady_us, spell_us in ((3000.0, 5000.0), (5000.0, 3000.0)):
+        _split_adds_up([((1,), 0, 600, steady_us), ((5,), 200, 400, spell_us)])
+
+
+def _split_adds_up(late):
+    run, _ = _arrivals(16, 600, late)
+    d = diagnose(run)
+    assert all(m.lost_us >= 0.0 for m in d.modes)
+    assert sum(m.lost_us for m in d.modes) + d.summary["unattributed_us"] == \
+        pytest.approx(d.summary["lost_us"], rel=1e-9)
+    assert d.summary["unexplained_us"] >= 0.0 and d.summary["low_confidence_us"] >= 0.0
+    assert d.summary["late_group"] and d.summary["late_spells"]  # both on the same steps
+
+
+@pytest.mark.parametrize("steps, persistent", [(9, False), (10, True)])
+def test_a_rank_is_persistently_late_from_min_clear_steps_on(steps, persistent):
+    """Last in every step with a clear last rank, but too few of them to say more: persistent
+    from MIN_CLEAR_STEPS (10) on (the boundary moved by one went unseen)."""
+    from gpupace.report.ranks import MIN_CLEAR_STEPS, late_rank
+
+    run, _ = _arrivals(16, steps, [((2,), 0, steps, 3000.0)])
+    lr = late_rank(run)
+    assert MIN_CLEAR_STEPS == 10 and lr["steps_with_clear_last"] == steps
+    assert lr["rank"] == 2 and lr["persistent"] is persistent

@@ -322,3 +322,27 @@ def test_a_scaling_table_stays_within_the_footprint_the_memory_check_counts():
     working = WORKING_BYTES + STATE_ARRAYS * 8 * sc.ranks * sc.buckets  # as check_memory counts
     assert one > working / 2  # large enough that a second result would show
     assert peak < one + working, (peak, one)
+
+
+def test_a_step_keeps_the_order_of_its_collectives_and_their_arithmetic():
+    """One step of the engine on random inputs: a rank arrives at bucket b no earlier than
+    bucket b-1's collective ended (a bucket that started before it went unseen but by the
+    calibration's check), enters at its arrival plus its delay, the collective starts at the
+    last entry and ends a transfer later, and each rank's wait is from its entry to that end."""
+    rng = np.random.default_rng(3)
+    n, nb = 6, 5
+    start, fwd = rng.uniform(0, 500, n), rng.uniform(1000, 2000, n)
+    work, xfer = rng.uniform(100, 3000, (n, nb)), rng.uniform(200, 800, nb)
+    delay = rng.uniform(0, 300, (n, nb))
+    ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
+    s, x = np.zeros(nb), np.zeros(nb)
+    expect, ref = np.full((n, nb), np.nan), np.full(nb, np.nan)  # first step: plans as given
+    engine.run_step(start, fwd, work, xfer, delay, 0.05, 0.1, ready, a, e, s, x, w, d, expect,
+                    ref, 0.1)
+    assert (a[:, 1:] >= x[None, :-1]).all() and (a >= ready - 1e-9).all()
+    np.testing.assert_allclose(d, delay)
+    np.testing.assert_allclose(e, a + d)
+    np.testing.assert_allclose(s, e.max(axis=0))
+    np.testing.assert_allclose(x, s + xfer)
+    np.testing.assert_allclose(w, x[None, :] - e)
+    assert (w >= 0).all()

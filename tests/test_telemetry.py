@@ -655,3 +655,29 @@ def test_paths_a_writer_cannot_use_are_refused_clearly_and_leave_nothing_open(tm
             TelemetryWriter("/dev/full", {})
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught
+
+
+def test_each_record_counts_the_drops_just_before_it(tmp_path):
+    """Two backlogs apart: each record after one says what that one dropped, not the count
+    since the start (a cumulative count went unseen with one backlog a test)."""
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2), background=True)
+    queued = w._queue
+
+    class Backlog:  # the writer's queue, as long as the test says
+        size = 0
+        get, put = queued.get, queued.put
+
+        def qsize(self):
+            return self.size
+
+    w._queue = backlog = Backlog()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "records behind"
+        for k, size in enumerate((0, 10**6, 10**6, 0, 10**6, 0)):  # 1 GB queued, or none
+            backlog.size = size
+            w.write(record(k))
+    w.close()
+    recs = read_telemetry(path).records
+    assert [(r.step, r.dropped_before) for r in recs] == [(0, 0), (3, 2), (5, 1)]
+    assert w.dropped == 3

@@ -87,6 +87,7 @@ MIN_LOST = 0.005  # fraction of the measured time below which nothing is worth n
 # as unattributed. 0.3 is the verdict threshold ("possible"), so that every mode with a
 # share names its evidence and no mode without it takes a share.
 MIN_CONFIDENCE = 0.3
+LIKELY = 0.6  # confidence from which a finding reads "likely" (`verdict_of`)
 LOST_DEFINITION = ("lost time: per measured step, step time minus the ideal step (the "
                    "5th percentile of the step times, each less what persistently late ranks, "
                    "or the rank of a late spell, added to it: how much later than every other "
@@ -665,8 +666,7 @@ def _diagnose(run: Run) -> Diagnosis:
             act += ("; or contention that comes and goes on the fabric (other jobs' traffic "
                     "on shared links), which the telemetry cannot tell from a runtime's regimes")
             ev["regimes_or_fabric_bursts"] = True
-        verdict = ("likely" if conf >= 0.6 else "possible" if conf >= MIN_CONFIDENCE
-                   else "not enough evidence")
+        verdict = verdict_of(conf)
         attributed = lost[mode] if verdict != "not enough evidence" else 0.0
         if not attributed:  # the time stays unattributed: no evidence, no share
             low_confidence += lost[mode]
@@ -687,6 +687,13 @@ def _diagnose(run: Run) -> Diagnosis:
                    attribution_threshold=MIN_CONFIDENCE)
     findings.sort(key=lambda f: (-f.share, -f.candidate_share, MODES.index(f.mode)))
     return Diagnosis(summary, findings)
+
+
+def verdict_of(confidence: float) -> str:
+    """A finding's word for its confidence: "likely" from LIKELY on, "possible" from
+    MIN_CONFIDENCE, else "not enough evidence" (its time then stays unattributed)."""
+    return ("likely" if confidence >= LIKELY else "possible" if confidence >= MIN_CONFIDENCE
+            else "not enough evidence")
 
 
 def whole_nodes(ranks: list[int], gpus_per_node: int, world_size: int) -> list[int]:
