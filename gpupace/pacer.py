@@ -135,6 +135,7 @@ class Pacer(Joinable):
         self.steps = 0
         self._first_measured = self.config.warmup_steps  # the first step summary() counts
         self._resumed_at = -1  # the step count a checkpoint's load set, until the next step
+        self._rewarms: list[range] = []  # the warm-ups that loads in the middle of a run ran
         self._t0 = time.perf_counter()
         if self.backend == "device":  # imported here: only the device backend needs triton
             from .backends.device import DeviceEngine
@@ -424,7 +425,8 @@ class Pacer(Joinable):
         dict, times in us, that `print` shows as a table in ms. The
         ring keeps the newest `ring.capacity` records (`ring_size`, `ring_memory_mb`: ~960
         steps at 4096 ranks); the telemetry file one step in `telemetry_every` of the run."""
-        steady = [r for r in self.ring if r.step >= self._first_measured]
+        steady = [r for r in self.ring if r.step >= self._first_measured
+                  and not any(r.step in warm for warm in self._rewarms)]
         out = summarize(steady, self.world_size, self.samples_per_step)
         out.update(mode=self.config.mode, backend=self.backend, world_size=self.world_size,
                    sites=len(self.site_names), warmup_steps=self.config.warmup_steps)
@@ -453,7 +455,9 @@ class Pacer(Joinable):
         that has not stepped yet, as a restarted job's, goes on from the saved step count: its
         records, telemetry file and TensorBoard points are numbered on from there (TensorBoard
         hides the points an earlier run logged from that step on), and summary() and the
-        report leave out the warm-up after it; one that has stepped keeps its own count. A
+        report leave out the warm-up after it; one that has stepped keeps its own count, and
+        summary() leaves out the warm-up that runs again (the report counts it: the file's
+        header says where the first warm-up ends, not this one). A
         ValueError for a state of another world size, of another data-parallel group, or one
         no pacer saved."""
         self._check_between_steps("load_state_dict")
@@ -464,6 +468,8 @@ class Pacer(Joinable):
         self._engine.load_policy_state(learnt)
         if steps and (self.steps == 0 or self.steps == self._resumed_at):  # not stepped since
             self._resume_at(steps)
+        elif self.steps > 0:  # its own count goes on, with the warm-up again from here
+            self._rewarms.append(range(self.steps, self.steps + self.config.warmup_steps))
 
     def _resume_at(self, steps: int) -> None:
         """Numbers this fresh pacer's steps on from `steps`, a checkpoint's count (a second

@@ -314,3 +314,21 @@ def test_a_telemetry_file_that_fails_at_a_resume_warns_and_the_load_goes_on(tmp_
         pacer.load_state_dict(saved)
     assert pacer._writer is None and _one_rank_steps(pacer, 1) == [40]
     pacer.close()
+
+
+def test_summary_leaves_out_the_warm_up_a_load_in_the_middle_of_a_run_starts_again():
+    """A pacer that has stepped keeps its count when it loads a state, and its warm-up runs
+    again: summary() counted those steps, which measure and pace nothing, among the paced."""
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=3))
+
+    def steps(n):
+        for _ in range(n):
+            with pacer.site("x"):
+                pass
+            pacer.step()
+
+    steps(20)
+    assert pacer.summary()["steps"] == 17
+    pacer.load_state_dict(pacer.state_dict())
+    steps(10)
+    assert pacer.steps == 30 and pacer.summary()["steps"] == 17 + 7
