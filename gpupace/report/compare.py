@@ -84,9 +84,14 @@ def kind(run: Run) -> tuple:
     sim = sim if isinstance(sim, dict) else {}
     group = run.header.get("group_ranks")
     group = tuple(group) if isinstance(group, list) else None
-    job = tuple(json.dumps(run.header.get(k), sort_keys=True, default=str)
-                for k in JOB_FIELDS if k not in MAYBE_MISSING)
-    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group, job
+    return run.world_size, sim.get("preset"), sim.get("seed"), sim.get("steps"), group, job_key(run)
+
+
+def job_key(run: Run) -> tuple:
+    """The job fields every header of its writer holds (`JOB_FIELDS` less `MAYBE_MISSING`),
+    hashable: runs of one job share it, at any world size."""
+    return tuple(json.dumps(run.header.get(k), sort_keys=True, default=str)
+                 for k in JOB_FIELDS if k not in MAYBE_MISSING)
 
 
 def resumed_at(a: Run, b: Run) -> int | None:

@@ -49,7 +49,6 @@ with world size needs several runs (`scaling`).
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -734,11 +733,9 @@ def scaling(runs: list[Run], diags: list[Diagnosis]) -> dict[str, Any] | None:
 
 
 def _job(run: Run) -> tuple:
-    """What runs of one job at several world sizes share: `compare.JOB_FIELDS` but the
-    samples a step (which grow with the ranks), and a simulated run's preset."""
-    from .compare import JOB_FIELDS
+    """What runs of one job at several world sizes share: `compare.job_key` (the samples a
+    step, which grow with the ranks, left out) and a simulated run's preset."""
+    from .compare import job_key
 
     sim = run.header.get("sim")
-    return (*(json.dumps(run.header.get(k), sort_keys=True, default=str)
-              for k in JOB_FIELDS if k != "samples_per_step"),
-            sim.get("preset") if isinstance(sim, dict) else None)
+    return job_key(run), sim.get("preset") if isinstance(sim, dict) else None

@@ -619,9 +619,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
                     for f in d.glob("*.jsonl.*") if f.is_file() and not f.suffix[1:].isdigit()
                     and f.resolve() not in named)
     if packed:  # run.jsonl.gz, .bak: the directory stands for its .jsonl files alone
-        runs[0].notes.append(f"left out: {', '.join(packed[:4])}{' ...' if len(packed) > 4 else ''}"
-                             ", not named .jsonl (name one to read it; a compressed one, "
-                             "decompressed)")
+        more = " ..." if len(packed) > 4 else ""
+        runs[0].notes.append(f"left out: {', '.join(packed[:4])}{more}, not named .jsonl (name "
+                             "one to read it; a compressed one, decompressed)")
     if aside := kept_aside(paths, given):
         names = ", ".join(p.name for p in aside[:4]) + (" ..." if len(aside) > 4 else "")
         runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "
