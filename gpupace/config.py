@@ -161,7 +161,11 @@ class PaceConfig:
         except ValueError as e:
             if not from_env:
                 raise
-            given = ", ".join(f"{ENV_PREFIX}{k.upper()}={v!r}" for k, v in from_env.items())
+            # the variables of the fields the error names (GPUPACE_MODE was blamed for a gain)
+            named = [(k, v) for k, v in from_env.items() if re.search(rf"\b{k}\b", str(e))]
+            if not named:
+                raise
+            given = ", ".join(f"{ENV_PREFIX}{k.upper()}={v!r}" for k, v in named)
             raise ValueError(f"{e} (from the environment: {given})") from None
 
     def _validate(self) -> None:
@@ -306,7 +310,8 @@ def _plain(name: str, value: Any) -> Any:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (not a bool): one that can be computed with."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
 
 
 _env_checked = False
@@ -387,7 +392,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
 
 
 def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
     ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
     if not ok:
         if math.isinf(hi):
@@ -395,6 +400,13 @@ def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False)
         else:
             within = f"in {'(' if lo_open else '['}{lo}, {hi}]"
         raise ValueError(f"{name} must be a finite number {within}, got {v!r}")
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past float's range: 10**400
+        return False
 
 
 def _check_int(name: str, v: Any, lo: int) -> None:

@@ -147,6 +147,7 @@ class Pacer(Joinable):
         self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
         self._sites_this_step = 0  # paced collectives since the last step()
+        self._open_blocks = 0  # paced blocks entered and not yet left
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
@@ -311,6 +312,10 @@ class Pacer(Joinable):
             raise ValueError("pass the pacer to Join after the DDP model, Join([ddp_model, "
                              "pacer]): a rank that ran out of inputs must shadow the model's "
                              "gradient all-reduces before the pacer's step")
+        if self._open_blocks:
+            raise RuntimeError("pacer.step() inside a paced block (site, collective, "
+                               "all_reduce): call it after the block, once the step's "
+                               "collectives are done")
         self.steps += 1
         if not self.enabled:
             return None
@@ -600,14 +605,19 @@ class _Paced:
         except BaseException as e:
             if not self._issue.__exit__(type(e), e, e.__traceback__):
                 raise
+        self._pacer._open_blocks += 1  # step() inside the block is refused
         return self._issued_async if self._async else _UNPACED.issued
 
     def _issued_async(self, work: Any) -> None:
         """Right after issuing the async collective, with its work handle: the exit is stamped
         when it completes. (A synchronous block's exit is stamped when the block ends.)"""
+        if work is not None and not hasattr(work, "get_future"):  # None: done already
+            raise TypeError(f"issued() takes the work handle of the collective issued with "
+                            f"async_op=True, got {type(work).__name__}")
         self._engine.leave(self._ticket, work)
 
     def __exit__(self, *exc: Any) -> bool | None:
+        self._pacer._open_blocks -= 1
         try:
             if not self._async:
                 self._engine.leave(self._ticket)

@@ -133,3 +133,21 @@ def test_a_config_is_frozen_once_validated():
     with pytest.raises(ValueError, match="cap_fraction"):
         c.replace(cap_fraction=50.0)
     assert c.replace(gain=0.5).gain == 0.5 and c.gain != 0.5
+
+
+def test_an_error_names_the_environment_variables_of_its_field_alone(monkeypatch):
+    """GPUPACE_MODE=observe and PaceConfig(gain=2): the error said the gain came 'from the
+    environment: GPUPACE_MODE=...' (a review)."""
+    monkeypatch.setenv("GPUPACE_MODE", "observe")
+    with pytest.raises(ValueError) as e:
+        PaceConfig(gain=2.0)
+    assert "gain must be" in str(e.value) and "environment" not in str(e.value)
+    monkeypatch.setenv("GPUPACE_GAIN", "2")
+    with pytest.raises(ValueError, match=r"gain must be .* \(from the environment: "
+                                         r"GPUPACE_GAIN='2'\)$"):
+        PaceConfig()
+
+
+def test_an_integer_past_floats_range_is_refused_by_name():
+    with pytest.raises(ValueError, match="threshold_us must be a finite number"):
+        PaceConfig(threshold_us=10**400)  # it raised OverflowError from math.isfinite

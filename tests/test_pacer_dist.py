@@ -1117,3 +1117,21 @@ def test_a_rank_outside_the_pacers_group_is_told_so():
     inside, outside = run_ranks(_outside_the_group, 2)
     assert inside is None
     assert outside is not None and "rank 1 is not in this pacer's process group" in outside
+
+
+def test_step_inside_a_paced_block_is_refused_and_issued_takes_a_work_handle():
+    """step() inside a site was taken, with a warning about async collectives that did not
+    apply, and the step's timings were lost; issued(5) raised AttributeError from inside
+    (a review)."""
+    pacer = Pacer(PaceConfig(mode="observe"))
+    with pacer.site("x"):
+        with pytest.raises(RuntimeError, match=r"pacer.step\(\) inside a paced block"):
+            pacer.step()
+    pacer.step()  # after the block: fine
+    assert pacer.steps == 1
+    with pacer.collective("c", async_op=True) as issued:
+        with pytest.raises(TypeError, match="the work handle of the collective issued with "
+                                            "async_op=True, got int"):
+            issued(5)
+        with pytest.raises(TypeError, match="got Future"):  # the work's future, not the work
+            issued(torch.futures.Future())
