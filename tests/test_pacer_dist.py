@@ -1028,19 +1028,29 @@ def test_attach_names_a_model_that_is_not_ddp():
         pacer.attach(torch.nn.Linear(2, 2))
 
 
+def _by_hand(pacer) -> str | None:
+    """The error of a backward pass through a DDP model whose pacing hook was registered by
+    hand, or None."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from gpupace import ddp_comm_hook
+
+    model = DDP(torch.nn.Linear(4, 4))
+    model.register_comm_hook(pacer, ddp_comm_hook)
+    try:
+        model(torch.ones(2, 4)).sum().backward()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def _hooked_by_hand(rank, world):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gpupace import ddp_comm_hook
 
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
-    by_hand = DDP(torch.nn.Linear(4, 4))
-    by_hand.register_comm_hook(pacer, ddp_comm_hook)
-    try:
-        by_hand(torch.ones(2, 4)).sum().backward()
-        refused = None
-    except RuntimeError as e:
-        refused = str(e)
+    refused = _by_hand(pacer)
     wrapped, calls = DDP(torch.nn.Linear(4, 4)), []
 
     def hook(state, bucket):
@@ -1052,14 +1062,7 @@ def _hooked_by_hand(rank, world):
     pacer.step()
     # attached to one model, registered by hand on another: refused too (the check is the
     # model's)
-    other = DDP(torch.nn.Linear(4, 4))
-    other.register_comm_hook(pacer, ddp_comm_hook)
-    try:
-        other(torch.ones(2, 4)).sum().backward()
-        again = None
-    except RuntimeError as e:
-        again = str(e)
-    return refused, calls, pacer.site_names, again
+    return refused, calls, pacer.site_names, _by_hand(pacer)
 
 
 def test_the_ddp_hook_runs_only_as_attach_registers_it():
