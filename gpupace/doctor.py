@@ -83,6 +83,8 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
         errors += env_errors()
     if unknown := unknown_env(os.environ):
         errors.append(f"unknown environment variables {unknown}: a Pacer ignores them")
+    if why := telemetry_path_problem(os.environ.get("GPUPACE_TELEMETRY_PATH", "")):
+        errors.append(why)
     info["warnings"] = warnings_for(os.environ)
 
     info["timer_tick_ns"] = None
@@ -94,6 +96,25 @@ def collect(measure_tick: bool = True) -> dict[str, Any]:
         except Exception as e:  # report it, do not crash the doctor
             info["timer_tick_error"] = f"{type(e).__name__}: {e}"
     return info
+
+
+def telemetry_path_problem(path: str) -> str | None:
+    """Why a Pacer could not write the telemetry file GPUPACE_TELEMETRY_PATH names (rank 0's),
+    or None: it would warn and train on without the file, and the run's telemetry be lost."""
+    if not path:
+        return None
+    from .cli import check_output_file
+    from .config import fill_rank
+    from .telemetry import names_a_folder
+
+    if names_a_folder(path) or os.path.isdir(fill_rank(path, 0)):
+        return (f"GPUPACE_TELEMETRY_PATH={path!r} is a folder: a Pacer writes a file, "
+                "e.g. run.{rank}.jsonl in it, and would write none")
+    try:
+        check_output_file("GPUPACE_TELEMETRY_PATH", fill_rank(path, 0))
+    except ValueError as e:
+        return f"{e}: a Pacer would write no telemetry"
+    return None
 
 
 def _setting(read: Callable[[], Any], default: Any, errors: list[str]) -> Any:

@@ -107,3 +107,17 @@ def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     assert main(["doctor", "--json", "--no-tick"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
+
+
+def test_doctor_names_a_telemetry_path_a_pacer_could_not_write(capsys, monkeypatch, tmp_path):
+    """A folder or a path under a file: the Pacer warns and trains on without its telemetry,
+    and the doctor said nothing (a review)."""
+    for path, said in ((str(tmp_path), "is a folder"),
+                       (str(tmp_path / "f.txt" / "run.jsonl"), "not a writable directory")):
+        (tmp_path / "f.txt").write_text("a file")
+        monkeypatch.setenv("GPUPACE_TELEMETRY_PATH", path)
+        assert main(["doctor", "--json", "--no-tick"]) == 1
+        (error,) = json.loads(capsys.readouterr().out)["settings_errors"]
+        assert "GPUPACE_TELEMETRY_PATH" in error and said in error, error
+    monkeypatch.setenv("GPUPACE_TELEMETRY_PATH", str(tmp_path / "run.{rank}.jsonl"))
+    assert main(["doctor", "--json", "--no-tick"]) == 0
