@@ -96,15 +96,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=4, help="local ranks to spawn (default 4)")
     p.add_argument("--steps", type=int, default=None,
                    help="training steps of each side, baseline and paced, in two phases "
-                   f"each (default {DEFAULT_STEPS}, or more where many ranks need a longer "
-                   "holdoff before their pacer settles)")
+                   f"each: even, and enough for a fresh pacer to settle in a phase at that many "
+                   f"ranks, said when too few (default {DEFAULT_STEPS}, or more where many ranks "
+                   "need a longer holdoff before their pacer settles)")
     p.add_argument("--scenario", choices=SCENARIOS, default="persistent")
     p.add_argument("--wait", choices=WAITS, default="sleep",
                    help="how waiting ranks wait: gloo's sleep, or a busy poll like NCCL's kernels")
     p.add_argument("--straggle-ms", type=float, default=20.0,
                    help="size of the injected straggler work in ms of one core (default 20)")
-    p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl when there is one GPU per rank, else gloo")
     p.add_argument("--telemetry", metavar="DIR",

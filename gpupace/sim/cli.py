@@ -79,12 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fit compute, locality and jitter from a telemetry file and "
                              "simulate that job at the given node counts")
     parser.add_argument("--nodes", default="4,8,16,32,64",
-                        help="comma-separated node counts (default 4,8,16,32,64)")
+                        help=f"comma-separated node counts (default 4,8,16,32,64; nodes x "
+                             f"GPUs per node at most {MAX_RANKS})")
     parser.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS,
-                        help=f"ranks per node (default {DEFAULT_GPUS})")
+                        help=f"ranks per node, 1 to 64 (default {DEFAULT_GPUS})")
     parser.add_argument("--steps", type=int, default=2000,
-                        help=f"steps per run, at least {MIN_STEPS}; figures use the second half "
-                             "(default 2000)")
+                        help=f"steps per run, {MIN_STEPS} to {MAX_STEPS:,}; figures use the "
+                             "second half (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--coupling", choices=sorted(COUPLINGS), default=None,
                         help="what a waiting collective and a pacing spin cost the overlapping "
