@@ -162,10 +162,10 @@ class PaceConfig:
             if not from_env:
                 raise
             # the variables of the fields the error names (GPUPACE_MODE was blamed for a gain)
-            named = [(k, v) for k, v in from_env.items() if re.search(rf"\b{k}\b", str(e))]
+            named = _fields_named(e, from_env)
             if not named:
                 raise
-            given = ", ".join(f"{ENV_PREFIX}{k.upper()}={v!r}" for k, v in named)
+            given = ", ".join(f"{ENV_PREFIX}{k.upper()}={from_env[k]!r}" for k in named)
             raise ValueError(f"{e} (from the environment: {given})") from None
 
     def _validate(self) -> None:
@@ -352,11 +352,16 @@ def env_errors() -> list[str]:
             PaceConfig(**given)
             return errors
         except ValueError as e:
-            named = [n for n in readable if n not in given and re.search(rf"\b{n}\b", str(e))]
+            named = _fields_named(e, [n for n in readable if n not in given])
             errors.append(str(e))
             if not named:  # nothing left to put back
                 return errors
             given.update({n: _stand_in(n) for n in named})
+
+
+def _fields_named(error: ValueError, names: Iterable[str]) -> list[str]:
+    """Those of `names` that `error`'s message names as words: the fields its check read."""
+    return [n for n in names if re.search(rf"\b{n}\b", str(error))]
 
 
 def _stand_in(name: str) -> Any:
@@ -392,8 +397,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
 
 
 def _check_range(name: str, v: Any, lo: float, hi: float, lo_open: bool = False) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
-    ok = ok and (v > lo if lo_open else v >= lo) and v <= hi
+    ok = _is_number(v) and (v > lo if lo_open else v >= lo) and v <= hi
     if not ok:
         if math.isinf(hi):
             within = f"{'>' if lo_open else '>='} {lo}"

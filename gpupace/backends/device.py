@@ -144,8 +144,8 @@ class DeviceEngine:
         n, r = world_size, 2 + 2 * m
         f32, i64 = torch.float32, torch.int64
         z = dict(device=dev)
-        self.row = torch.zeros(r, dtype=f32, **z)
-        self.row[1:2 + m] = float("nan")
+        self.row = torch.empty(r, dtype=f32, **z)
+        self._reset_row()
         self.gathered = torch.zeros(n, r, dtype=f32, **z)
         self.clk = torch.zeros(2, dtype=i64, **z)
         self.red = reduce.outputs(n, m, dev)
@@ -206,8 +206,8 @@ class DeviceEngine:
         self._timed = self._cuda and self._calls % PHASE_EVERY == 0
 
     def _reset_row(self) -> None:
-        """This rank's row as the update kernel leaves it for the next step: no sites, step
-        time and waits unknown, no delays."""
+        """This rank's row empty, as it starts and as the update kernel leaves it for the next
+        step: no sites, step time and waits unknown, no delays."""
         m = self.max_sites
         self.row[0] = 0.0
         self.row[1:2 + m] = float("nan")

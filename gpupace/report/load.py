@@ -454,10 +454,9 @@ def expand(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], set[Path]]:
         if p.is_dir():
             found = sorted(f for f in p.glob("*.jsonl") if f.is_file())  # not a folder, a FIFO
             if not found:
-                others = sorted(f.name for f in p.glob("*.jsonl.*") if f.is_file())
-                said = (f" (it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
-                        ": name a file to report it; a compressed one decompressed)"
-                        if others else "")
+                others = [f.name for f in _dotted(p)]
+                said = (f" (it holds {_some(others)}: name a file to report it; a compressed "
+                        "one decompressed)" if others else "")
                 raise ValueError(f"{p} is a directory with no .jsonl telemetry files{said}")
             files += found
             listed.update(f.resolve() for f in found)
@@ -476,9 +475,19 @@ def kept_aside(paths: Sequence[str | os.PathLike], files: Sequence[Path]) -> lis
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(f for f in p.glob("*.jsonl.*") if f.suffix[1:].isdigit()
-                          and f.is_file() and f.resolve() not in given)
+            out += [f for f in _dotted(p) if f.suffix[1:].isdigit() and f.resolve() not in given]
     return out
+
+
+def _dotted(folder: Path) -> list[Path]:
+    """A folder's files named <name>.jsonl.<suffix>, sorted: runs a restart kept aside (.1,
+    .2), and compressed or renamed ones (.gz, .bak), which the folder does not stand for."""
+    return sorted(f for f in folder.glob("*.jsonl.*") if f.is_file())
+
+
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    """The first `shown` names, and " ..." where there are more."""
+    return ", ".join(names[:shown]) + (" ..." if len(names) > shown else "")
 
 
 def _once_each(files: Sequence[Path]) -> tuple[list[Path], dict[Path, int]]:
@@ -615,15 +624,13 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
                          + "; ".join(passed_over))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
     named = {f.resolve() for f in given}
-    packed = sorted(f.name for d in map(Path, paths) if d.is_dir()
-                    for f in d.glob("*.jsonl.*") if f.is_file() and not f.suffix[1:].isdigit()
-                    and f.resolve() not in named)
+    packed = [f.name for d in map(Path, paths) if d.is_dir() for f in _dotted(d)
+              if not f.suffix[1:].isdigit() and f.resolve() not in named]
     if packed:  # run.jsonl.gz, .bak: the directory stands for its .jsonl files alone
-        more = " ..." if len(packed) > 4 else ""
-        runs[0].notes.append(f"left out: {', '.join(packed[:4])}{more}, not named .jsonl (name "
-                             "one to read it; a compressed one, decompressed)")
+        runs[0].notes.append(f"left out: {_some(packed)}, not named .jsonl (name one to read "
+                             "it; a compressed one, decompressed)")
     if aside := kept_aside(paths, given):
-        names = ", ".join(p.name for p in aside[:4]) + (" ..." if len(aside) > 4 else "")
+        names = _some([p.name for p in aside])
         runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "
                              "again on their path (a restarted job): name them to report them")
     for i, run in enumerate(runs):

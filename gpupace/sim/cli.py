@@ -25,7 +25,7 @@ import numpy as np
 from ..cli import check_output_file
 from ..config import CONTROL_LAW, PaceConfig, env_settings
 from ..telemetry import make_header
-from .calibrate import fit_telemetry
+from .calibrate import MAX_GPUS_PER_NODE, fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import (
@@ -82,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated node counts (default 4,8,16,32,64; nodes x "
                              f"GPUs per node at most {MAX_RANKS})")
     parser.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS,
-                        help=f"ranks per node, 1 to 64 (default {DEFAULT_GPUS})")
+                        help=f"ranks per node, 1 to {MAX_GPUS_PER_NODE} (default {DEFAULT_GPUS})")
     parser.add_argument("--steps", type=int, default=2000,
                         help=f"steps per run, {MIN_STEPS} to {MAX_STEPS:,}; figures use the "
                              "second half (default 2000)")
@@ -131,8 +131,9 @@ def check_plot(path: str) -> None:
 def check_arguments(args: argparse.Namespace) -> list[int]:
     """Every argument, outputs included, before minutes of simulation; returns the nodes."""
     nodes = parse_nodes(args.nodes)
-    if not 1 <= args.gpus_per_node <= 64:
-        raise ValueError(f"--gpus-per-node must be an integer in [1, 64], got {args.gpus_per_node}")
+    if not 1 <= args.gpus_per_node <= MAX_GPUS_PER_NODE:
+        raise ValueError(f"--gpus-per-node must be an integer in [1, {MAX_GPUS_PER_NODE}], got "
+                         f"{args.gpus_per_node}")
     if max(nodes) * args.gpus_per_node > MAX_RANKS:
         raise ValueError(f"--nodes x --gpus-per-node must be at most {MAX_RANKS} ranks, got "
                          f"{max(nodes)} x {args.gpus_per_node} = {max(nodes) * args.gpus_per_node}")
