@@ -519,6 +519,9 @@ class Pacer(Joinable):
         With `mode="off"` it registers nothing, `hook` neither: DDP reduces as it would without
         gpupace."""
         from .integrations.ddp import Attached, ddp_comm_hook
+        if hook is not None and not callable(hook):
+            raise TypeError(f"attach(hook=...) takes a comm hook, a function (state, bucket) -> "
+                            f"Future that calls gpupace.ddp_comm_hook, got {type(hook).__name__}")
         self.check_group()
         if not callable(getattr(ddp_model, "register_comm_hook", None)):
             raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "

@@ -1026,6 +1026,8 @@ def test_attach_names_a_model_that_is_not_ddp():
     pacer = Pacer(PaceConfig())
     with pytest.raises(TypeError, match=r"DistributedDataParallel model, got Linear"):
         pacer.attach(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match=r"attach\(hook=...\) takes a comm hook.*got int"):
+        pacer.attach(torch.nn.Linear(2, 2), hook=5)
 
 
 def _by_hand(pacer) -> str | None:
