@@ -53,6 +53,26 @@ def test_forced_device_names_the_missing_package_and_extra(fake_cuda, missing):
     assert Pacer._pick_backend("auto", "nccl") == "host"  # auto falls back quietly
 
 
+@pytest.mark.parametrize("broken", ["triton", "cupy"])
+def test_a_package_that_is_installed_but_broken_is_named_with_its_error(fake_cuda, tmp_path,
+                                                                       broken):
+    """An import that raises more than ImportError (cupy loading a CUDA library of the wrong
+    version) is a reason like a missing package, not a crash of backend selection (nor of the
+    GPU tests' collection, which asks the same)."""
+    (tmp_path / f"{broken}.py").write_text("raise RuntimeError('libcudart.so.12: wrong version')\n")
+    fake_cuda.syspath_prepend(str(tmp_path))
+    fake_cuda.delitem(sys.modules, broken, raising=False)
+    if broken == "cupy":
+        _stand_in_cupy(fake_cuda, (12, 8))
+        fake_cuda.delitem(sys.modules, "cupy")  # the file above, not the stand-in
+    why = device_backend_missing()
+    assert why.startswith(f"{broken} is installed but does not import (RuntimeError: "
+                          "libcudart.so.12: wrong version); reinstall it: pip install"), why
+    assert Pacer._pick_backend("auto", "nccl") == "host"
+    with pytest.raises(RuntimeError, match=f"{broken} is installed but does not import"):
+        Pacer._pick_backend("device", "nccl")
+
+
 def _stand_in_cupy(patch, nvrtc_version) -> None:
     """A stand-in cupy whose NVRTC loader returns its version, or raises as cupy 14.2 does
     without libnvrtc (a RuntimeError from its library finder)."""

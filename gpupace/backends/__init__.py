@@ -50,14 +50,18 @@ def device_backend_missing() -> str | None:
         return "CUDA is not available (torch.cuda.is_available() is False)"
     try:
         import triton  # noqa: F401
-    except ImportError:
-        return _not_installed("triton")
+    except Exception as e:  # noqa: BLE001 - a broken install raises more than ImportError
+        return _not_importable("triton", e)
     return cupy_missing()
 
 
-def _not_installed(module: str) -> str:
-    return (f"{module} is not installed: pip install 'gpupace[cuda12]' "
-            "(or 'gpupace[cuda13]' for CUDA 13)")
+def _not_importable(module: str, error: BaseException) -> str:
+    """Why `module` did not import: not installed, or installed and broken (its error)."""
+    install = "pip install 'gpupace[cuda12]' (or 'gpupace[cuda13]' for CUDA 13)"
+    if isinstance(error, ModuleNotFoundError) and error.name == module:
+        return f"{module} is not installed: {install}"
+    return (f"{module} is installed but does not import ({type(error).__name__}: "
+            f"{' '.join(str(error).split())}); reinstall it: {install}")
 
 
 def cupy_missing() -> str | None:
@@ -66,8 +70,8 @@ def cupy_missing() -> str | None:
     device backend would be picked and fail at its first step."""
     try:
         import cupy  # noqa: F401
-    except ImportError:
-        return _not_installed("cupy")
+    except Exception as e:  # noqa: BLE001 - e.g. a CUDA library it loads at import
+        return _not_importable("cupy", e)
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError:  # another layout of cupy: its first compile will tell
