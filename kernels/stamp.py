@@ -61,6 +61,8 @@ def _finish_kernel(row_ptr, stamps_ptr, clk_ptr, n_max_sites, BLOCK_M: tl.conste
         tl.store(row_ptr + 1, tl.where(prev > 0, (left0 - prev).to(tl.float32) * 0.001,
                                        float("nan")))
         tl.store(clk_ptr, left0)
+    else:  # a step without it: the next step's time, from an older exit, spans two: unknown
+        tl.store(clk_ptr, 0)
 
 
 def stamp(out: torch.Tensor, slot: int, clk: torch.Tensor, *, clock: bool | None = None) -> None:

@@ -158,6 +158,17 @@ def test_enter_and_exit_bookkeeping(k, m):
     assert row[2] == pytest.approx(0.0) and torch.isnan(row[3:2 + m]).all()  # site 0 alone
     assert float(usual[0]) == pytest.approx(3000.0, rel=1e-6)  # the first known arrival
     assert usual[1:].isnan().all()
+    # A step with no site (step() alone, an eval loop's): the next step's time would span
+    # both, from the exit before it; unknown instead, as on the host.
+    row[2:2 + m] = float("nan")
+    k["stamp"].finish_row(row, stamps, clk)
+    assert row[0] == 0 and clk[0] == 0
+    row[1:2 + m] = float("nan")
+    clk[1] = int(clk[1]) + 6_000_000
+    k["spin"].enter(torch.zeros(3, m), usual, row, stamps, clk, 0, delay_offset=m, cap_us=100.0)
+    k["stamp"].exit_stamp(row, stamps, clk, 0)
+    k["stamp"].finish_row(row, stamps, clk)
+    assert math.isnan(row[1]) and clk[0] == stamps[0, 2]
 
 
 def test_the_row_counts_every_site_exited_whatever_order_the_exits_ran_in(k):

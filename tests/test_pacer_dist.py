@@ -912,8 +912,33 @@ def test_ranks_that_disagree_on_their_sites_get_no_record_and_no_delay():
     for records, delays, warned in run_ranks(_disagreeing_sites, 2, timeout_s=100):
         assert records == [None, None, None]
         assert delays == []
-        assert len(warned) == 1 and "different numbers of paced sites in step 0 (1 to 2)" in warned[0]
+        assert len(warned) == 1 and ("different numbers of paced sites in step 0 (1 on rank 1; "
+                                     "2 on rank 0)") in warned[0]
         assert "neither paced nor recorded" in warned[0]
+
+
+def _a_step_without_sites(rank, world):
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    t = torch.ones(16)
+    times = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the empty step's
+        for k in range(5):
+            time.sleep(0.02)
+            if k != 2:  # step 2: step() with no paced collective (an eval loop's, say)
+                pacer.all_reduce(t)
+            rec = pacer.step()
+            times.append(None if rec is None else rec.step_times_us.tolist())
+    return times
+
+
+def test_a_step_after_one_without_sites_has_no_step_time_spanning_both():
+    """Step time is the exit-to-exit interval of the first site: after a step with none (or
+    one the ranks disagreed on) it would span two steps, a straggler step to the report."""
+    for times in run_ranks(_a_step_without_sites, 2, timeout_s=100):
+        assert times[2] is None
+        assert all(np.isnan(times[3])), times  # unknown, not ~40 ms
+        assert all(15e3 < v < 200e3 for v in times[4]), times
 
 
 @pytest.mark.parametrize("name, cuda", [("nccl", False), ("cpu:gloo,cuda:nccl", False),

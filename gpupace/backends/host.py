@@ -47,6 +47,18 @@ def sleep_then_spin(delay_us: float) -> float:
     return (time.perf_counter_ns() - start) * 1e-3
 
 
+def ranks_by_count(counts: np.ndarray, most: int = 4) -> str:
+    """Which ranks passed how many sites ("1 on ranks 0, 2; 2 on rank 1"), the first `most`
+    ranks of each count named."""
+    parts = []
+    for value in np.unique(counts):
+        ranks = np.flatnonzero(counts == value)
+        names = ", ".join(map(str, ranks[:most])) + (f" and {len(ranks) - most} more"
+                                                      if len(ranks) > most else "")
+        parts.append(f"{int(value)} on rank{'s' if len(ranks) > 1 else ''} {names}")
+    return "; ".join(parts)
+
+
 class HostEngine:
     """Times sites on the host clock and runs the policy on the host.
 
@@ -188,14 +200,16 @@ class HostEngine:
         n = int(counts.min())
         if n == 0 or counts.max() != n:
             # Ranks disagree on the sites of this step (or there were none): nothing to
-            # compare; no delays until they agree again.
+            # compare; no delays until they agree again. The next step's time would run from
+            # an exit of this one (or of the step before, with no exit here): unknown instead.
             if counts.max() != n and not self._warned_disagree:
                 warn(f"gpupace: ranks passed different numbers of paced sites in step "
-                     f"{step} ({int(n)} to {int(counts.max())}); every rank must pace "
-                     f"the same collectives in the same order. Until they agree, steps "
-                     f"are neither paced nor recorded.")
+                     f"{step} ({ranks_by_count(counts)}); every rank must pace the same "
+                     f"collectives in the same order. Until they agree, steps are neither "
+                     f"paced nor recorded.")
                 self._warned_disagree = True
             self._next_delay[:] = 0.0
+            self._prev_exit0 = None
             return None
         n = min(n, width)  # sites past the rows' width: timed for nobody this step
         if self.state is None:
