@@ -8,6 +8,7 @@ then writes nothing: no GPU figure is ever produced without a GPU.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +59,9 @@ def gpu_missing() -> str | None:
 
 def run_suite(suite: str, *, quick: bool, out: Path, note: str, only: list[str] | None) -> int:
     if suite == "gpu":
+        # As the device check and the GPU tests run: a hardware queue per stream (up to 32,
+        # read when CUDA starts; the default 8 serialises the virtual cluster's ranks).
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
         why = gpu_missing()
         if why:
             print(f"[bench gpu] SKIP the GPU suite: {why}", file=sys.stderr, flush=True)

@@ -18,12 +18,16 @@ are packed into one tar. Targets on an H200
 (graph <= 3 us, eager <= 15 us per paced collective, spin error p99 <= tick + 1 us, zero
 syncs) are compared, never assumed; the README has what the runs of 2026-11-30 measured.
 
-Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 200 s:
+Robust to a part that fails or hangs: the whole check has a time budget (`--budget`, 180 s:
 the run of 2026-11-30 took 55 s; the prepared device command runs the full suite after it,
-150 s at most, and a hang here must leave it time),
-each phase gets what is left of it, the GPU tests and the suite run as subprocesses killed at
-their deadline, a watchdog ends this process (stacks dumped) past the budget, and the result
-files are rewritten after every phase, so a kill keeps what was measured before it.
+150 s at most, and a hang here must leave it time), each phase gets what is left of it, and
+every phase that touches the GPU runs in a process of its own killed at its deadline (the GPU
+tests, each microbenchmark, the launch cost, the suite): a hung NCCL call, which torch's
+watchdog ends by aborting its process, or a CUDA error, which poisons its context, costs that
+phase alone. A phase's process writes its figures as it measures them, so one killed keeps
+what it measured; this process rewrites the result files before and after every phase, and
+they say which phase a run that was cut short was in. A watchdog ends this process (stacks
+dumped) past the budget.
 
 Without CUDA it prints why, writes nothing and exits 0.
 """
@@ -35,6 +39,7 @@ import datetime as dt
 import faulthandler
 import importlib.util
 import json
+import math
 import os
 import platform
 import re
@@ -44,6 +49,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -62,6 +68,7 @@ from bench.harness import (  # noqa: E402
     quantiles,
     write_whole,
 )
+from gpupace.telemetry import json_safe  # noqa: E402
 
 RESULTS_DIR = ROOT / "bench" / "results"
 TARGETS = {
@@ -72,6 +79,8 @@ TARGETS = {
 }
 SPIN_DELAYS_US = (5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
 SPIN_BACKOFFS_NS = (256, 2048)  # as vcluster.spin_coupling's
+OVERHEAD_SITES = (1, 8)  # paced collectives a step in the overhead cases
+PHASE_LIMIT_S = 90.0  # a microbenchmark's process at most (the run of 2026-11-30: 55 s in all)
 
 
 def ensure_installed() -> bool:
@@ -270,8 +279,8 @@ def _nccl_group():
             rank=0,
             world_size=1,
             device_id=torch.device("cuda", 0),
-            # A hung NCCL call then raises in its phase, which the check records and goes
-            # on from, instead of holding the process until the watchdog ends it.
+            # A hung NCCL call ends the phase's process: torch's watchdog aborts it after
+            # this long (TORCH_NCCL_ASYNC_ERROR_HANDLING's default), or its deadline kills it.
             timeout=dt.timedelta(seconds=60),
         )
     return dist.group.WORLD
@@ -288,7 +297,7 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
 
     x = torch.ones(1024, device="cuda")
     out: dict[str, Any] = fig.setdefault("overhead", {})  # each figure kept once measured
-    for sites in (1, 8):
+    for sites in OVERHEAD_SITES:
         pacer = _paced_pacer(use_tail_graphs=False)  # the default, whatever the env says
         plain, paced = _plain_steps(x, sites), _paced_steps(pacer, x, sites)
         eager = _eager_step_us({"plain": plain, "paced": paced}, windows, iters)
@@ -298,6 +307,7 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
             "plain_step_us": quantiles(eager["plain"]),
             "paced_step_us": quantiles(eager["paced"]),
         }
+        fig["overhead"] = out  # set again: a phase's process writes its figures at each set
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         graphs = {}
@@ -331,6 +341,7 @@ def bench_overhead(fig: dict[str, Any], windows: int = 9, iters: int = 100) -> N
             "plain_step_us": quantiles(graph["plain"]),
             "paced_step_us": quantiles(graph["paced"]),
         }
+        fig["overhead"] = out
         pacer.close()
         del graphs, g  # before any NCCL teardown: graphs holding NCCL kernels must go first
         torch.cuda.synchronize()
@@ -395,7 +406,7 @@ def bench_tail_graph(fig: dict[str, Any], windows: int = 9, iters: int = 100) ->
 
     x = torch.ones(1024, device="cuda")
     out: dict[str, Any] = fig.setdefault("overhead", {})
-    for sites in (1, 8):
+    for sites in OVERHEAD_SITES:
         pacers = {"paced": _paced_pacer(False), "tail_graph": _paced_pacer(True)}
         ways = {"plain": _plain_steps(x, sites),
                 **{k: _paced_steps(p, x, sites) for k, p in pacers.items()}}
@@ -409,6 +420,7 @@ def bench_tail_graph(fig: dict[str, Any], windows: int = 9, iters: int = 100) ->
             "paced_step_us": quantiles(eager["tail_graph"]),
             "graphs": sorted(tail.graphs),
         }
+        fig["overhead"] = out
         for p in pacers.values():
             p.close()
 
@@ -462,6 +474,11 @@ def bench_syncs(fig: dict[str, Any], steps: int = 50) -> None:
     pacer.close()
 
 
+# The microbenchmarks that touch the GPU, each run in a process of its own (`run_phase`).
+PHASES = {"tick_and_spin": bench_tick_and_spin, "overhead": bench_overhead,
+          "syncs": bench_syncs, "tail_graph": bench_tail_graph}
+
+
 # -- steps of the check ------------------------------------------------------------------------
 
 
@@ -490,6 +507,9 @@ def run_logged(cmd: list[str], log: Path, timeout_s: float, env: dict[str, str])
 
 
 def tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a log ("" where nothing has written one)."""
+    if not path.exists():
+        return ""
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
@@ -500,8 +520,10 @@ def run_tests(fig_path: Path, log: Path, timeout_s: float) -> dict[str, Any]:
     # 60 s a test: one hung test must leave time for the others. Without pytest-timeout the
     # option would be an error that runs no test at all; the phase's deadline still holds.
     per_test = ["--timeout", "60"] if importlib.util.find_spec("pytest_timeout") else []
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *per_test,
-           f"--junitxml={junit}", "tests/gpu"]
+    # -v names each test as it starts, and faulthandler dumps the stacks of one past 50 s: a
+    # hung test, which leaves no report, is named in the log.
+    cmd = [sys.executable, "-m", "pytest", "-v", "-rA", "-p", "no:cacheprovider", *per_test,
+           "-o", "faulthandler_timeout=50", f"--junitxml={junit}", "tests/gpu"]
     rc, seconds = run_logged(cmd, log, timeout_s, env)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     if junit.exists():
@@ -557,46 +579,121 @@ def run_bench_suite(out: Path, stem: str, log: Path, timeout_s: float) -> dict[s
     return res
 
 
+class KeptFigures(dict):
+    """A phase's figures, written whole to `path` at each assignment of a key: a phase's
+    process killed at its deadline, or aborted, leaves what it measured before."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        write_whole(self.path, json.dumps(json_safe(dict(self)), indent=1))
+
+
+def run_phase(name: str, fig: dict[str, Any], log: Path, timeout_s: float) -> str | None:
+    """Microbenchmark `name` (of PHASES) in a process of its own, killed at `timeout_s`, its
+    output in `log`; what it measured, a kill's before included, merged into `fig`. Returns
+    why it failed, or None."""
+    with tempfile.TemporaryDirectory(prefix="gpupace-phase-") as tmp:
+        path = Path(tmp) / "figures.json"
+        # Its own watchdog dumps its stacks into the log a little before the kill.
+        cmd = phase_command(name, path, max(timeout_s - 5, 1.0))
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("TRITON_INTERPRET", None)  # the compiled kernels, never the interpreter
+        rc, _ = run_logged(cmd, log, timeout_s, env)
+        got: dict[str, Any] = {}
+        if path.exists():  # written whole each time (write_whole): never half a file
+            got = json.loads(path.read_text(encoding="utf-8"))
+    error = got.pop("_error", None)
+    for key, value in got.items():  # "overhead" is filled by two phases
+        if isinstance(value, dict) and isinstance(fig.get(key), dict):
+            fig[key].update(value)
+        else:
+            fig[key] = value
+    if rc == 0:
+        return None
+    if rc == 124:
+        return f"killed at its deadline of {timeout_s:.0f} s (hung or slow; its stacks are in the log)"
+    if rc < 0:
+        return (f"ended by {signal.Signals(-rc).name} (torch's NCCL watchdog aborts the process "
+                f"of a collective past its timeout): see the log")
+    return error or f"exit code {rc}, no error recorded (its watchdog, or a crash): see the log"
+
+
+def phase_command(name: str, path: Path, deadline_s: float) -> list[str]:
+    """The command of `run_phase`'s process (tests put a stand-in phase here)."""
+    return [sys.executable, str(Path(__file__).resolve()), "--phase", name, "--figures",
+            str(path), "--deadline", f"{deadline_s:.0f}"]
+
+
+def run_phase_here(name: str, path: Path, deadline_s: float) -> int:
+    """The process `run_phase` starts: runs one microbenchmark, its figures kept in `path`."""
+    faulthandler.dump_traceback_later(deadline_s, exit=True)
+    fig = KeptFigures(path)
+    try:
+        PHASES[name](fig)
+    except Exception as e:  # noqa: BLE001 - recorded for the check, the traceback in the log
+        traceback.print_exc()
+        fig["_error"] = f"{type(e).__name__}: {e}"
+        return 1
+    return 0
+
+
 def verdicts(fig: dict[str, Any]) -> dict[str, str]:
     """Each target against what was measured (p50 of the per-collective overhead; p99 of the
     spin error over the measured tick); 'not measured' where the figure is missing."""
     out = {}
     ov = fig.get("overhead", {})
     for mode, key in (("graph", "graph_overhead_us"), ("eager", "eager_overhead_us")):
-        vals = [v["per_collective_us"]["p50"] for k, v in ov.items() if k.startswith(mode)]
-        out[key] = (
-            "not measured"
-            if not vals
-            else f"{'met' if max(vals) <= TARGETS[key] else 'missed'}: worst p50 "
-            f"{max(vals):.2f} us vs <= {TARGETS[key]} us"
-        )
+        p50 = {n: ov.get(f"{mode}_{n}_sites", {}).get("per_collective_us", {}).get("p50")
+               for n in OVERHEAD_SITES}
+        got = {n: v for n, v in p50.items() if _finite(v)}
+        if not got:
+            out[key] = "not measured"
+            continue
+        worst, lim = max(got.values()), TARGETS[key]
+        # A miss is a miss; a pass counts only where every case was measured.
+        verdict = "missed" if worst > lim else "met" if len(got) == len(p50) else "not measured in full"
+        sites = " and ".join(map(str, got))
+        lacking = [str(n) for n in p50 if n not in got]
+        out[key] = (f"{verdict}: worst p50 {worst:.2f} us vs <= {lim} us, at {sites} paced "
+                    f"collectives a step" + (f" ({' and '.join(lacking)} not measured)" if lacking else ""))
     # Judged on the event-timed error (the spin's own clock cannot see its own error), at the
     # worst delay requested.
     sp, tick = fig.get("spin_error_events_abs_p99_us_worst_delay"), fig.get("timer_tick_ns")
-    if sp is not None and tick:
+    if _finite(sp) and _finite(tick) and tick > 0:
         lim = tick / 1e3 + TARGETS["spin_error_over_tick_us"]
-        out["spin_error_p99"] = (
-            f"{'met' if sp <= lim else 'missed'}: p99 of |error| {sp:.2f} us at the worst "
-            f"delay, timed by CUDA events, vs <= tick + 1 = {lim:.2f} us"
+        out["spin_error_p99"] = (  # no "|" in it: the Markdown table would split the cell
+            f"{'met' if sp <= lim else 'missed'}: p99 of the absolute error {sp:.2f} us at the "
+            f"worst delay, timed by CUDA events, vs <= tick + 1 = {lim:.2f} us"
         )
     else:
         out["spin_error_p99"] = "not measured"
+    # The microbenchmark's figures (the GPU tests' own sync count is under "gpu_tests"): both
+    # ways must have run for a "met".
     syncs = fig.get("host_syncs_per_step")
     busy = fig.get("host_ahead_of_busy_gpu", {}).get("gpu_still_busy_after_the_steps")
     if syncs is None:
         out["host_syncs_per_step"] = "not measured"
     else:
-        waited = " (but the host waited for a busy GPU)" if busy is False else ""
-        out["host_syncs_per_step"] = (
-            f"{'met' if syncs == 0 and busy is not False else 'missed'}: {syncs} torch syncs "
-            f"per step{waited}"
-        )
+        verdict = ("missed" if syncs != 0 or busy is False else
+                   "met" if busy is True else "not measured in full")
+        how = {True: " and the host ran ahead of a busy GPU",
+               False: " but the host waited for a busy GPU",
+               None: "; the busy-GPU way did not run"}[busy]
+        out["host_syncs_per_step"] = f"{verdict}: {syncs} torch syncs per step{how}"
     hp = fig.get("host_policy_update_4096x4_us")
     if hp:  # the CPU target of the benchmark issue, on this machine's CPU
         p50, lim = hp["own_rank"]["p50"], hp["target_us"]
         out["host_policy_update_4096x4"] = (f"{'met' if p50 < lim else 'missed'}: p50 "
                                             f"{p50:.1f} us vs < {lim:.0f} us on {hp['cpu']}")
     return out
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -613,13 +710,25 @@ def markdown(res: dict[str, Any]) -> str:
         "nccl",
         "python",
         "commit",
+        "code_sha256",
     ):
         lines.append(f"| {k} | {m.get(k)} |")
     t = res["tests"]
+    if "returncode" not in t:
+        tests = "GPU tests: not run."
+    else:
+        tests = (f"GPU tests: {t['passed']} passed, {t['failed']} failed, {t['errors']} errors, "
+                 f"{t['skipped']} skipped ({t['seconds']} s; exit code {t['returncode']}).")
+        if t["returncode"] == 124:
+            tests += (" KILLED at its deadline: the counts are of a report never written; the "
+                      "log names the test that was running.")
+    phase = res.get("last_phase", "done")
     lines += [
         "",
-        f"GPU tests: {t.get('passed')} passed, {t.get('failed')} failed, "
-        f"{t.get('errors')} errors, {t.get('skipped')} skipped ({t.get('seconds')} s).",
+        *([] if phase == "done" else
+          [f"**INCOMPLETE**: the check stopped at `{phase}` after {res.get('seconds')} s; what "
+           "follows is what it measured before.", ""]),
+        tests,
         "",
         "## Targets",
         "",
@@ -676,7 +785,7 @@ def markdown(res: dict[str, Any]) -> str:
         "## Other figures",
         "",
         "```json",
-        json.dumps(rest, indent=1, default=float),
+        json.dumps(json_safe(rest), indent=1, default=str),
         "```",
     ]
     s = res.get("bench_suite", {})
@@ -688,7 +797,7 @@ def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     stem = res["stem"]
     j, md = out / f"{stem}.json", out / f"{stem}.md"
-    write_whole(j, json.dumps(res, indent=2, default=float) + "\n")  # a kill leaves the last
+    write_whole(j, json.dumps(json_safe(res), indent=2, default=str) + "\n")  # a kill: the last
     write_whole(md, markdown(res))
     return j, md
 
@@ -697,11 +806,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
     ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
-    ap.add_argument("--budget", type=float, default=200.0,
+    ap.add_argument("--budget", type=float, default=180.0,
                     help="seconds for the whole check; each phase gets at most what is left")
     ap.add_argument("--tests-timeout", type=float, default=120.0)
     ap.add_argument("--suite-timeout", type=float, default=60.0)
+    # One microbenchmark in this process (`run_phase` starts it so): not for the command line.
+    ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
+    ap.add_argument("--figures", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=PHASE_LIMIT_S, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.phase:
+        return run_phase_here(args.phase, args.figures, args.deadline)
     for name in ("budget", "tests_timeout", "suite_timeout"):
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got "
@@ -729,14 +844,15 @@ def main(argv: list[str] | None = None) -> int:
     def left() -> float:
         return args.budget - (time.time() - t_start)
 
-    # A hang in this process (a CUDA or NCCL wait) must not outlive the budget: dump every
-    # thread's stack and exit; the files written after each phase stay.
+    # A hang in this process (it only reads the GPU's name and versions) must not outlive the
+    # budget: dump every thread's stack and exit; the files written at each phase stay.
     faulthandler.dump_traceback_later(max(left(), 0.0) + 30, exit=True)
     info = machine()
     stem = f"{info['date'][:10]}-{slug(info['gpu'])}"
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / f"{stem}.log"
-    fig_path = Path(tempfile.mkdtemp(prefix="gpupace-check-")) / "figures.json"
+    tests_tmp = tempfile.TemporaryDirectory(prefix="gpupace-check-")
+    fig_path = Path(tests_tmp.name) / "figures.json"
     fig: dict[str, Any] = {}
     errors: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -752,51 +868,64 @@ def main(argv: list[str] | None = None) -> int:
     save("start")
     print(f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
           f"cupy {info['cupy']}), budget {args.budget:.0f} s; GPU tests...", flush=True)
+    save("running the GPU tests")
     res["tests"] = run_tests(fig_path, log, min(args.tests_timeout, left() - 60))
     print(f"  tests: {res['tests']}\n{tail(log)}", flush=True)
-    if fig_path.exists():
-        fig.update(json.loads(fig_path.read_text(encoding="utf-8")))
+    if fig_path.exists():  # the tests' figures apart: the verdicts judge the benchmarks'
+        fig["gpu_tests"] = json.loads(fig_path.read_text(encoding="utf-8"))
+    tests_tmp.cleanup()
     save("tests")
-    def microbenchmark(name: str, fn, needs: str) -> None:
+
+    def microbenchmark(name: str, needs: str, fn=None) -> None:
+        """`fn` here, or PHASES[name] in a process of its own."""
         if left() < 30:
             errors[name] = f"not run: {left():.0f} s of the budget left"
             return
         try:
             why = bench_missing(needs)
-            if why:
-                skipped[name] = why
-                print(f"  microbenchmark {name} SKIPPED: {why}", flush=True)
-            else:
-                print(f"  microbenchmark {name}...", flush=True)
+        except Exception as e:  # noqa: BLE001 - a broken install is a reason to skip
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            skipped[name] = why
+            print(f"  microbenchmark {name} SKIPPED: {why}", flush=True)
+            return
+        print(f"  microbenchmark {name}...", flush=True)
+        save(f"running {name}")
+        if fn is None:
+            error = run_phase(name, fig, log, min(PHASE_LIMIT_S, left() - 20))
+        else:
+            try:
                 fn(fig)
-        except Exception as e:  # one broken benchmark must not lose the others' figures
-            errors[name] = f"{type(e).__name__}: {e}"
-            print(f"  {name} FAILED: {errors[name]}", flush=True)
+                error = None
+            except Exception as e:  # one broken benchmark must not lose the others' figures
+                error = f"{type(e).__name__}: {e}"
+        if error:
+            errors[name] = error
+            print(f"  {name} FAILED: {error}", flush=True)
         save(name)
 
-    # What needs no NCCL first: a hung or aborted NCCL call in this process (the two phases
-    # after the launch cost) must not cost the figures that never needed it.
-    microbenchmark("host_policy", bench_host_policy, "cpu")
-    microbenchmark("tick_and_spin", bench_tick_and_spin, "triton")
+    microbenchmark("host_policy", "cpu", bench_host_policy)
+    microbenchmark("tick_and_spin", "triton")
     if left() < 40:
         res["launch_cost"] = {"ran": False, "why": f"{left():.0f} s of the budget left"}
     else:
         print("  launch cost (its own process)...", flush=True)
+        save("running launch_cost")
         res["launch_cost"] = run_launch_cost(fig, log, min(60.0, left() - 30))
         if res["launch_cost"]["returncode"] != 0:
             errors["launch_cost"] = f"exit code {res['launch_cost']['returncode']}: see the log"
         elif "error" in res["launch_cost"]:
             errors["launch_cost"] = f"reading its figures: {res['launch_cost']['error']}"
     save("launch_cost")
-    microbenchmark("overhead", bench_overhead, "device")
-    microbenchmark("syncs", bench_syncs, "device")
-    microbenchmark("tail_graph", bench_tail_graph, "device")
+    for name in ("overhead", "syncs", "tail_graph"):
+        microbenchmark(name, "device")
     if args.no_suite:
         res["bench_suite"] = {"ran": False, "why": "--no-suite"}
     elif left() < 30:
         res["bench_suite"] = {"ran": False, "why": f"{left():.0f} s of the budget left"}
     else:
         print("  benchmark suite...", flush=True)
+        save("running the benchmark suite")
         res["bench_suite"] = run_bench_suite(args.out, stem, log, min(args.suite_timeout, left() - 10))
     save("done")
     print(markdown(res), flush=True)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from gpupace.telemetry import json_safe
+
 ROOT = Path(__file__).resolve().parent.parent  # the checkout
 RESULTS_DIR = ROOT / "bench" / "results"
 QUANTILES = (20, 50, 80, 99)
@@ -87,6 +89,8 @@ class Machine:
         if sha:
             versions["git"] = sha + ("+uncommitted" if dirty else "")
         versions["code_sha256"] = code_hash()
+        if queues := os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"):  # changes GPU figures
+            versions["cuda_device_max_connections"] = queues
         return cls(
             cpu=cpu_name(),
             cores=os.cpu_count() or 0,
@@ -151,15 +155,16 @@ def library_versions() -> dict[str, str]:
 
 
 def code_hash(root: Path | None = None) -> str:
-    """sha256 (12 hex digits) of the library's and the benchmarks' Python sources (gpupace/,
-    kernels/, bench/ less its results), by path and content: where the commit cannot be
+    """sha256 (12 hex digits) of the library's, the benchmarks' and the GPU tests' Python
+    sources (gpupace/, kernels/, bench/ less its results, tests/gpu/, whose figures the device
+    check records), by path and content: where the commit cannot be
     checked (`GPUPACE_COMMIT` on the lent GPU machine), the same hash computed on a checkout
     of the named commit says whether the run measured that code."""
     import hashlib
 
     root = root or ROOT
     h = hashlib.sha256()
-    for folder in ("gpupace", "kernels", "bench"):
+    for folder in ("gpupace", "kernels", "bench", "tests/gpu"):
         for path in sorted((root / folder).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
             if "/results/" in rel or "__pycache__" in rel:
@@ -480,7 +485,7 @@ class Harness:
             "plots": [p.name for p in self.plots],
             "extras": self.extras,
         }
-        write_whole(base.with_suffix(".json"), json.dumps(_json_safe(doc), indent=1))
+        write_whole(base.with_suffix(".json"), json.dumps(json_safe(doc), indent=1))
         write_whole(base.with_suffix(".md"), self.markdown())
         paths += [base.with_suffix(s) for s in (".csv", ".json", ".md")]
         return paths
@@ -582,17 +587,3 @@ def _fmt(v: float) -> str:
         return f"{v:.3f}" if a < 10 else f"{v:.1f}" if a < 1000 else f"{v:.0f}"
     return f"{v:.3g}"
 
-
-def _json_safe(obj: Any) -> Any:
-    """JSON has no NaN: write null."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _json_safe(obj.item())
-    if isinstance(obj, np.ndarray):
-        return _json_safe(obj.tolist())
-    return obj

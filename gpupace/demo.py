@@ -31,6 +31,7 @@ from .config import PaceConfig
 from .launch import run_ranks
 from .report.diagnose import MIN_STEPS
 from .summary import SUMMARY_ROWS
+from .telemetry import json_safe
 
 SCENARIOS = ("persistent", "random", "locality", "mixed")
 WAITS = ("sleep", "spin")
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"telemetry: {files}  (gpupace report {args.telemetry} [--out DIR])",
               file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(json_safe(result), indent=2) + "\n")
     return 0
 
 
@@ -397,12 +398,3 @@ def noise_line(r: dict[str, Any]) -> str:
             f"one run's gauge can understate it: repeat the run before reading a change as "
             f"pacing's")
 
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj

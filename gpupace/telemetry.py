@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import math
 import multiprocessing.util
 import os
 import platform
@@ -137,14 +138,17 @@ def _dumps_chunked(value: Any, chunk: int) -> str:
     return "[" + ",".join(parts) + "]"
 
 
-def _finite(obj: Any) -> Any:
-    """JSON has no NaN: write null, and read it back as NaN."""
+def json_safe(obj: Any) -> Any:
+    """`obj` for strict JSON, which has no NaN or infinity: those are written as null (and read
+    back as NaN); NumPy scalars and arrays as Python numbers and lists."""
+    if isinstance(obj, np.generic | np.ndarray):
+        obj = obj.tolist()
     if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, list):
-        return [_finite(v) for v in obj]
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     return obj
 
 
@@ -341,7 +345,7 @@ class TelemetryWriter:
         _writing[self._resolved] = self
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).
-        self._file.write(json.dumps(_finite(header), default=str) + "\n")
+        self._file.write(json.dumps(json_safe(header), default=str) + "\n")
         self._took_records = False  # `write` was called: the header can no longer change
         self._given_up = False  # close() stopped waiting for a stuck thread
         self._lock = threading.Lock()  # the file, between the thread and flush/close
@@ -371,7 +375,7 @@ class TelemetryWriter:
         with self._lock:  # no record queued: the thread writes nothing
             self._file.seek(0)
             self._file.truncate()
-            self._file.write(json.dumps(_finite(header), default=str) + "\n")
+            self._file.write(json.dumps(json_safe(header), default=str) + "\n")
             self._flush()
         return True
 

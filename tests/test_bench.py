@@ -358,10 +358,13 @@ def test_the_code_hash_names_the_sources_a_run_measured(tmp_path):
 
     from bench.harness import ROOT, code_hash
 
-    for folder in ("gpupace", "kernels", "bench"):
+    for folder in ("gpupace", "kernels", "bench", "tests/gpu"):
         shutil.copytree(ROOT / folder, tmp_path / folder,
                         ignore=shutil.ignore_patterns("results", "__pycache__"))
     assert code_hash(tmp_path) == code_hash()
+    (tmp_path / "tests" / "gpu" / "test_vcluster.py").write_text("changed\n")  # its figures
+    assert code_hash(tmp_path) != code_hash()
+    shutil.copy(ROOT / "tests" / "gpu" / "test_vcluster.py", tmp_path / "tests" / "gpu")
     (tmp_path / "results").mkdir()
     (tmp_path / "bench" / "results").mkdir()
     (tmp_path / "bench" / "results" / "x.py").write_text("not code\n")  # results: not code

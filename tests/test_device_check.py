@@ -52,29 +52,34 @@ def test_result_files_and_verdicts(tmp_path):
            "spin_error_us": q | {"by_delay": {"5.0": q}},
            "spin_error_events_us": q | {"by_delay": {"5.0": q | {"p99": 4.5}}},
            "spin_error_events_abs_p99_us": 0.8, "spin_error_events_abs_p99_us_worst_delay": 4.5,
-           "overhead": {"graph_1_sites": {"per_collective_us": q, "plain_step_us": q,
-                                          "paced_step_us": q},
-                        "eager_1_sites": {"per_collective_us": q | {"p50": 20.0},
-                                          "plain_step_us": q, "paced_step_us": q}}}
+           "overhead": {f"{mode}_{n}_sites": {"per_collective_us": q | {"p50": p50},
+                                              "plain_step_us": q, "paced_step_us": q}
+                        for mode, p50 in (("graph", 2.0), ("eager", 20.0)) for n in (1, 8)}}
     v = dc.verdicts(fig)
-    assert v["graph_overhead_us"].startswith("met")
+    assert v["graph_overhead_us"] == ("met: worst p50 2.00 us vs <= 3.0 us, at 1 and 8 paced "
+                                      "collectives a step")
     assert v["eager_overhead_us"].startswith("missed")
     # judged on the events at the worst delay: 4.5 us > 0.032 + 1, whatever the pooled p99
-    # (the own clock's error cannot fail)
-    assert v["spin_error_p99"].startswith("missed: p99 of |error| 4.50 us at the worst delay, "
-                                          "timed by CUDA events")
+    # (the own clock's error cannot fail); no "|" in it, which would split its table cell
+    assert v["spin_error_p99"].startswith("missed: p99 of the absolute error 4.50 us at the "
+                                          "worst delay, timed by CUDA events")
     assert dc.verdicts(fig | {"spin_error_events_abs_p99_us_worst_delay": 0.8})[
         "spin_error_p99"].startswith("met")
     assert dc.verdicts({})["graph_overhead_us"] == "not measured"
     res = {"stem": "2026-01-01-test-gpu", "figures": fig, "verdicts": v,
            "machine": {"gpu": "Test GPU", "date": "2026-01-01T00:00:00Z"},
-           "tests": {"passed": 1, "failed": 0, "errors": 0, "skipped": 0, "seconds": 1.0},
+           "tests": {"passed": 1, "failed": 0, "errors": 0, "skipped": 0, "seconds": 1.0,
+                     "returncode": 0},
            "bench_suite": {"ran": False}, "bench_errors": {"syncs": "RuntimeError: boom"},
            "bench_skipped": {"overhead": "cupy is not installed"}}
     j, md = dc.write_results(res, tmp_path)
     assert j.name == "2026-01-01-test-gpu.json" and md.suffix == ".md"
     text = md.read_text()
     assert "Test GPU" in text and "| graph_1_sites | 1.00 | 2.00 | 3.00 |" in text
+    assert all(line.count("|") == 3 for line in text.splitlines()
+               if line.startswith("| ") and "_us" in line.split("|")[1] and "p50" not in line)
+    assert "GPU tests: 1 passed, 0 failed, 0 errors, 0 skipped (1.0 s; exit code 0)." in text
+    assert "INCOMPLETE" not in text
     assert "| 5.0 | 2.000 | 4.500 | 2.000 | 4.000 |" in text and "| all | 2.000 | 4.000 | 2.000 | " \
         "4.000 |" in text
     assert "- microbenchmark syncs failed: RuntimeError: boom" in text
@@ -174,6 +179,88 @@ def test_sync_verdict_needs_the_host_to_run_ahead_of_a_busy_gpu():
     assert dc.verdicts(ahead)["host_syncs_per_step"].startswith("met")
     assert dc.verdicts(waited)["host_syncs_per_step"].startswith("missed")
     assert "waited" in dc.verdicts(waited)["host_syncs_per_step"]
+    # the busy-GPU way not run (the benchmark raised after its first way): no "met"
+    alone = {"host_syncs_per_step": 0.0}
+    assert dc.verdicts(alone)["host_syncs_per_step"] == (
+        "not measured in full: 0.0 torch syncs per step; the busy-GPU way did not run")
+    # the GPU tests' own count is theirs, under gpu_tests: never the verdict's
+    assert dc.verdicts({"gpu_tests": {"host_syncs_per_step": 0.0}})[
+        "host_syncs_per_step"] == "not measured"
+
+
+def test_overhead_verdicts_name_their_cases_and_pass_only_in_full():
+    """A check cut short after the 1-site cases must not read "met" for the 8-site ones; a
+    miss of one case is a miss; NaN is not a figure."""
+    dc = load()
+
+    def fig(**p50):
+        return {"overhead": {k: {"per_collective_us": {"p50": v}} for k, v in p50.items()}}
+
+    v = dc.verdicts(fig(graph_1_sites=2.0, eager_1_sites=20.0))
+    assert v["graph_overhead_us"] == ("not measured in full: worst p50 2.00 us vs <= 3.0 us, at "
+                                      "1 paced collectives a step (8 not measured)")
+    assert v["eager_overhead_us"].startswith("missed: worst p50 20.00 us")
+    v = dc.verdicts(fig(graph_1_sites=2.0, graph_8_sites=float("nan")))
+    assert v["graph_overhead_us"].startswith("not measured in full")
+    assert dc.verdicts(fig(graph_8_sites=float("nan")))["graph_overhead_us"] == "not measured"
+
+
+def _stand_in_phase(dc, monkeypatch, body: str | dict[str, str]) -> None:
+    """`run_phase` starts this code (or, from a dict, the phase's), in place of a
+    microbenchmark, with `fig` writing its figures where the check reads them."""
+    def command(name, path, deadline):
+        code = ("import importlib.util, sys, time, os\n"
+                f"spec = importlib.util.spec_from_file_location('dc', {str(SCRIPT)!r})\n"
+                "dc = importlib.util.module_from_spec(spec); spec.loader.exec_module(dc)\n"
+                "fig = dc.KeptFigures(dc.Path(sys.argv[1]))\n"
+                + (body[name] if isinstance(body, dict) else body))
+        return [sys.executable, "-c", code, str(path)]
+    monkeypatch.setattr(dc, "phase_command", command)
+
+
+def test_a_phase_that_hangs_or_aborts_keeps_what_it_measured_and_says_how_it_ended(
+        tmp_path, monkeypatch):
+    """Each microbenchmark that touches the GPU runs in a process of its own: one that hangs
+    (killed at its deadline) or is aborted (torch's NCCL watchdog) costs only itself, and
+    the figures it measured before are kept, merged with the other phases'."""
+    dc = load()
+    log = tmp_path / "check.log"
+    first = {"overhead": {"eager_1_sites": {"per_collective_us": {"p50": 1.0}}}}
+    _stand_in_phase(dc, monkeypatch, "fig['overhead'] = {'tail_graph_eager_1_sites': 2.0}\n"
+                                     "print('measured', flush=True); time.sleep(60)\n")
+    error = dc.run_phase("tail_graph", first, log, 4.0)
+    assert error.startswith("killed at its deadline of 4 s"), error
+    assert first["overhead"] == {"eager_1_sites": {"per_collective_us": {"p50": 1.0}},
+                                 "tail_graph_eager_1_sites": 2.0}
+    assert "measured" in log.read_text()
+    fig: dict = {}
+    _stand_in_phase(dc, monkeypatch, "fig['timer_tick_ns'] = 32.0\nos.abort()\n")
+    error = dc.run_phase("tick_and_spin", fig, log, 60.0)
+    assert error.startswith("ended by SIGABRT") and fig == {"timer_tick_ns": 32.0}, error
+    _stand_in_phase(dc, monkeypatch, "fig['x'] = float('nan')\n")
+    assert dc.run_phase("syncs", fig, log, 60.0) is None and fig["x"] is None  # strict JSON
+
+
+def test_a_phase_process_records_its_error(tmp_path):
+    """The real `--phase` path, here without CUDA: the microbenchmark raises in its process,
+    which records the error for the check and exits 1."""
+    dc = load()
+    fig: dict = {}
+    error = dc.run_phase("syncs", fig, tmp_path / "check.log", 120.0)
+    assert error and fig == {}, (error, fig)
+    assert "Traceback" in (tmp_path / "check.log").read_text()
+
+
+def test_a_check_cut_short_says_where_and_a_killed_test_run_says_so(tmp_path):
+    dc = load()
+    res = {"stem": "s", "figures": {}, "verdicts": {}, "last_phase": "running overhead",
+           "seconds": 71.0, "machine": {"gpu": "Test GPU", "date": "2026-01-01T00:00:00Z"},
+           "tests": {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "seconds": 120.0,
+                     "returncode": 124}}
+    text = dc.markdown(res)
+    assert "**INCOMPLETE**: the check stopped at `running overhead` after 71.0 s" in text
+    assert "exit code 124). KILLED at its deadline" in text
+    assert "GPU tests: not run." in dc.markdown(res | {"tests": {"ran": False}})
 
 
 def test_the_install_check_knows_where_the_kernels_come_from():
@@ -247,3 +334,47 @@ def test_the_host_policy_figure_is_measured_on_this_cpu_and_judged():
     assert hp["kernel_ran"] and hp["own_rank"]["p50"] > 0 and hp["update_reference"]["p50"] > 0
     verdict = dc.verdicts(fig)["host_policy_update_4096x4"]
     assert verdict.startswith(("met", "missed")) and hp["cpu"] in verdict
+
+
+def test_the_check_goes_on_past_a_hung_phase_and_writes_every_figure(tmp_path, monkeypatch):
+    """The whole check with CUDA's part stood in for (the GPU's name, the tests, the phases'
+    bodies): a phase that hangs is killed at its deadline and named, the phases after it
+    run, and the result files hold every figure measured, the hung phase's first one too."""
+    import faulthandler
+    import json
+
+    dc = load()
+    q = {"p20": 1.0, "p50": 2.0, "p80": 3.0, "p99": 4.0, "n": 9}
+    row = {"per_collective_us": q, "plain_step_us": q, "paced_step_us": q}
+    bodies = {"tick_and_spin": "fig['timer_tick_ns'] = 32.0\n",
+              "overhead": f"fig['overhead'] = {{'eager_1_sites': {row}}}\ntime.sleep(60)\n",
+              "syncs": "fig['host_syncs_per_step'] = 0.0\n",
+              "tail_graph": f"fig['overhead'] = {{'tail_graph_eager_1_sites': {row}}}\n"}
+    _stand_in_phase(dc, monkeypatch, bodies)
+    monkeypatch.setattr(dc, "PHASE_LIMIT_S", 4.0)
+    for name, value in (("gpu_missing", None), ("ensure_installed", False),
+                        ("bench_missing", None)):
+        monkeypatch.setattr(dc, name, lambda *a, v=value: v)
+    monkeypatch.setattr(dc, "machine", lambda: {"gpu": "Test GPU", "date": "2026-01-01T00:00Z",
+                                                "torch": "2", "triton": "3", "cupy": "13"})
+    monkeypatch.setattr(dc, "run_tests", lambda *a: {"returncode": 0, "seconds": 1.0,
+                                                     "passed": 3, "failed": 0, "skipped": 0,
+                                                     "errors": 0})
+    monkeypatch.setattr(dc, "bench_host_policy", lambda fig: fig.update(host_policy="ran"))
+    monkeypatch.setattr(dc, "run_launch_cost", lambda *a: {"ran": True, "returncode": 0})
+    monkeypatch.setenv("GPUPACE_CHECK_RESTARTED", "0")
+    monkeypatch.delenv("GPUPACE_CHECK_T0", raising=False)
+    try:
+        rc = dc.main(["--out", str(tmp_path), "--no-suite", "--budget", "120"])
+    finally:
+        faulthandler.cancel_dump_traceback_later()  # main's watchdog, armed for the budget
+    res = json.loads((tmp_path / "2026-01-01-test-gpu.json").read_text())
+    assert rc == 1 and res["last_phase"] == "done"
+    assert res["bench_errors"] == {"overhead": "killed at its deadline of 4 s (hung or slow; its "
+                                               "stacks are in the log)"}
+    assert res["figures"] == {"host_policy": "ran", "timer_tick_ns": 32.0,
+                              "host_syncs_per_step": 0.0,
+                              "overhead": {"eager_1_sites": row,
+                                           "tail_graph_eager_1_sites": row}}
+    assert res["verdicts"]["eager_overhead_us"].startswith("not measured in full")
+    assert "INCOMPLETE" not in (tmp_path / "2026-01-01-test-gpu.md").read_text()

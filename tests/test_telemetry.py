@@ -438,7 +438,7 @@ def test_a_header_value_json_cannot_encode_is_written_as_text(tmp_path):
     header = make_header(source="test", world_size=2, out_dir=tmp_path, batch=np.int64(256))
     TelemetryWriter(tmp_path / "t.jsonl", header).close()
     written = read_header(tmp_path / "t.jsonl")
-    assert written["out_dir"] == str(tmp_path) and written["batch"] == "256"
+    assert written["out_dir"] == str(tmp_path) and written["batch"] == 256  # a number still
 
 
 def test_a_file_another_writer_of_this_process_writes_is_refused(tmp_path):
