@@ -889,7 +889,9 @@ def _steps_once_more(rank, world):
 
 def test_a_rank_that_steps_once_more_is_told_what_step_is():
     with pytest.raises(RuntimeError, match="pacer.step\\(\\) is a collective \\(one all_gather\\) "
-                                           "and it failed"):
+                                           "and it failed: another rank died or stopped "
+                                           "responding .*or the ranks did not all call it once "
+                                           "per step"):
         run_ranks(_steps_once_more, 2, collective_timeout_s=5, timeout_s=60)
 
 

@@ -133,12 +133,14 @@ class ExchangeError(RuntimeError):
 
 def exchange_error(e: RuntimeError) -> ExchangeError:
     """What `Pacer.step()`'s failed all_gather says (gloo said "Connection reset by peer" or
-    timed out, nothing of the pacer); raise it `from e`. A function, not a context manager:
-    an eager device step's host time counts."""
+    timed out, nothing of the pacer), the likelier cause, a peer gone, first; raise it
+    `from e`. A function, not a context manager: an eager device step's host time counts."""
     first = (str(e).splitlines() or [""])[0][:200]
     return ExchangeError(
-        "gpupace: pacer.step() is a collective (one all_gather) and it failed: every rank must "
-        f"call it once per step, after the same paced collectives ({type(e).__name__}: {first})")
+        "gpupace: pacer.step() is a collective (one all_gather) and it failed: another rank "
+        "died or stopped responding (look at the other ranks' logs first), or the ranks did not "
+        "all call it once per step, after the same paced collectives "
+        f"({type(e).__name__}: {first})")
 
 
 def gather_rows(out, row, group) -> None:
