@@ -133,7 +133,10 @@ def warnings_for(env: Mapping[str, str]) -> list[str]:
         out.append("CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's setting): every stream shares one "
                    "hardware queue, so compute queued after a paced collective may wait behind "
                    "its spin-wait, and the delay meant for the collective holds back compute "
-                   "too (not yet measured on a GPU)")
+                   "too; and each async paced collective (a DDP bucket) queues its exit stamp "
+                   "behind the collective's end, so the backward compute issued after it may "
+                   "wait for the collective: the overlap of compute and communication is lost "
+                   "(not yet measured on a GPU)")
     return out
 
 

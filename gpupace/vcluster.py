@@ -238,7 +238,7 @@ def spin_coupling(ctas: tuple[int, ...] = (1, 8, 32), size: int = 4096, reps: in
     loads = {"mm": (lambda: torch.mm(a, b), 2.0 * size ** 3),
              "bmm": (lambda: torch.bmm(p, q), 2.0 * batch * small ** 3)}  # flops a call
     clk = torch.zeros(2, dtype=torch.int64, device=dev)
-    applied = torch.zeros(1, device=dev)
+    applied = torch.zeros(1, dtype=torch.float32, device=dev)
     reads = torch.zeros(1, dtype=torch.int32, device=dev)
     out: dict[str, float] = {}
     for name, (load, flops_per_call) in loads.items():

@@ -236,13 +236,15 @@ def outputs(n_ranks: int, max_sites: int, device: Any = None) -> dict[str, Any]:
     the update kernel take them."""
     import torch
 
-    i32 = torch.int32
+    # Every dtype named: the CUDA kernel writes float32 and int32 whatever torch's default
+    # dtype is (float64 or bfloat16 there would be read as garbage, or written past the end).
+    i32, f32 = torch.int32, torch.float32
     return {"valid": torch.zeros(n_ranks, dtype=i32, device=device),
             "n_valid": torch.zeros(1, dtype=i32, device=device),
-            "site": torch.zeros(N_SITE_STATS, max_sites, device=device),
+            "site": torch.zeros(N_SITE_STATS, max_sites, dtype=f32, device=device),
             "straggler": torch.zeros(max_sites, dtype=i32, device=device),
-            "median": torch.zeros(1, device=device),
-            "sums": torch.zeros(2, n_ranks, device=device),
+            "median": torch.zeros(1, dtype=f32, device=device),
+            "sums": torch.zeros(2, n_ranks, dtype=f32, device=device),
             "counts": torch.zeros(2, dtype=i32, device=device)}
 
 

@@ -391,6 +391,66 @@ def test_a_device_step_cut_short_leaves_no_sites_to_the_next(interp):
     assert torch.isnan(eng.gathered[0, 3:6]).all() and (eng.gathered[0, 7:] == 0).all()
 
 
+def test_the_engine_buffers_do_not_follow_torch_defaults(interp):
+    """The kernels read and write float32 and int32, and the telemetry ring's copy lands in
+    host memory, whatever torch's default dtype (float64, bfloat16) and device (a model
+    built under set_default_device("cuda"); "meta" stands in for it here) are."""
+    from gpupace.backends.device import DeviceEngine
+    from gpupace.kernels import reduce
+
+    want = {"valid": torch.int32, "n_valid": torch.int32, "site": torch.float32,
+            "straggler": torch.int32, "median": torch.float32, "sums": torch.float32,
+            "counts": torch.int32}
+    before = torch.get_default_dtype()
+    for dtype in (torch.float64, torch.bfloat16):
+        torch.set_default_dtype(dtype)
+        try:
+            assert {k: v.dtype for k, v in reduce.outputs(8, 4, "cpu").items()} == want
+        finally:
+            torch.set_default_dtype(before)
+    torch.set_default_device("meta")
+    try:
+        eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
+    finally:
+        torch.set_default_device(None)
+    assert eng._host_ring.device.type == "cpu" and eng._host_ring_step.device.type == "cpu"
+    eng.exit(eng.arrive())
+    eng.end_step(0, 0.0)
+    assert eng.gathered[0, 0] == 1
+
+
+def test_a_capture_cut_short_in_its_exchange_raises_the_exchange_error(interp):
+    """NCCL refusing the all_gather inside a capture invalidates it: the cut-short path must
+    not launch into it (its error would hide the exchange's), and the next step starts with
+    no sites. The capture state is stood in for: there is no CUDA here."""
+    from gpupace.backends.device import DeviceEngine
+
+    class Capturing(DeviceEngine):
+        capturing = False
+
+        def _check_capture(self):
+            return self.capturing
+
+        def _reset_row(self):
+            if self.capturing:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            super()._reset_row()
+
+    eng = Capturing(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
+    eng.exit(eng.arrive())
+    eng.end_step(0, 0.0)
+    eng.capturing = True
+    eng.exit(eng.arrive())
+
+    def refused():
+        raise ValueError("the exchange's own error")
+
+    eng._exchange = refused
+    with pytest.raises(ValueError, match="the exchange's own error"):
+        eng.end_step(1, 0.0)
+    assert eng.n_sites == 0
+
+
 @pytest.mark.parametrize("fork, capturing, generation, action", [
     (None, False, 3, "drop"),  # no collective went through issue() this step
     (None, True, 3, "drop"),

@@ -156,10 +156,11 @@ class DeviceEngine:
         self.ring_len = max(int(ring_len), 2 * COPY_EVERY)
         self.ring = torch.full((self.ring_len, update.record_len(n, m)), float("nan"), dtype=f32, **z)
         self.ring_step = torch.full((self.ring_len,), -1, dtype=i64, **z)
-        pin = dev.type == "cuda"
-        self._host_ring = torch.empty(self.ring.shape, dtype=f32, pin_memory=pin)
+        # On the CPU whatever torch's default device is (set_default_device("cuda") is common)
+        host = dict(device="cpu", pin_memory=dev.type == "cuda")
+        self._host_ring = torch.empty(self.ring.shape, dtype=f32, **host)
         # -1: a slot no copy has reached yet, which `_parse` skips (eager copies are partial)
-        self._host_ring_step = torch.full(self.ring_step.shape, -1, dtype=i64, pin_memory=pin)
+        self._host_ring_step = torch.full(self.ring_step.shape, -1, dtype=i64, **host)
         self._copied = 0  # eager steps whose ring slots have been copied (or are on their way)
         self._captured = False  # a step was captured: graph replays move the counter unseen
         self._copy_event: Any = None
@@ -311,8 +312,9 @@ class DeviceEngine:
             self._exchange()
         except BaseException:  # a step cut short (Ctrl-C in the all_gather) leaves no sites,
             self._step_events = []  # nor their events, to the next; its row starts empty,
-            self._reset_row()  # as the update kernel leaves it (its marks counted as sites)
-            self._new_step()
+            self._new_step()  # as the update kernel leaves it (its marks counted as sites).
+            if not capturing:  # A failed capture is invalid: no launch into it (nothing of
+                self._reset_row()  # it ran), which would raise over the exchange's error.
             raise
         # From the second eager step on both kernels are compiled: the graphs may capture them.
         if self._tail is not None and not capturing and self._calls >= 1:
@@ -481,6 +483,8 @@ class DeviceEngine:
     # -- control ----------------------------------------------------------------------------
     def next_delays(self) -> np.ndarray:
         """This rank's delays for the next step (synchronises: not for the step loop)."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)  # replays may have run on any stream
         n_state = int(self.state["counter"][0, 2].item())
         return self.state["delay"][0, :max(n_state, 0)].double().cpu().numpy()
 
@@ -519,7 +523,7 @@ class DeviceEngine:
                 if name in checkpoint.COUNTERS:  # int32 here; a host's are int64
                     value = np.minimum(value, self._k_update.CALM_MAX)
                 state[name][0, :n].copy_(torch.from_numpy(np.asarray(value, dtype=np.float64)))
-        state["counter"][0, 1:].copy_(torch.tensor([0, n]))
+        state["counter"][0, 1:].copy_(torch.tensor([0, n], device="cpu"))
         if self._cuda:
             torch.cuda.synchronize(self.device)
 
