@@ -151,6 +151,7 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
+        self._models: weakref.WeakSet = weakref.WeakSet()  # the DDP models attach() took
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
@@ -312,6 +313,13 @@ class Pacer(Joinable):
             raise ValueError("pass the pacer to Join after the DDP model, Join([ddp_model, "
                              "pacer]): a rank that ran out of inputs must shadow the model's "
                              "gradient all-reduces before the pacer's step")
+        if self._models and not self._join_config.enable and any(
+                m._join_config.enable for m in self._models):
+            # The ranks that ran out of inputs would not shadow this step(): the others'
+            # all_gather waits for them until the process group's timeout (30 min on gloo).
+            raise ValueError("the DDP model this pacer paces is in a Join without the pacer: "
+                             "pass both, Join([ddp_model, pacer]), so that a rank that ran out "
+                             "of inputs also shadows pacer.step()")
         if self._open_blocks:
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
@@ -334,7 +342,9 @@ class Pacer(Joinable):
                             f"the last step() (the step before had {self._sites_last_step}): "
                             "call it once per training step, after the step's collectives, not "
                             "per micro-batch. Such a step records nothing and zeroes the next "
-                            "step's delays: with one per micro-batch, nothing is paced.")
+                            "step's delays: with one per micro-batch, nothing is paced. (A "
+                            "model that skips some steps, or an eval loop, may call it so: "
+                            "those steps are only left out.)")
         if self._sites_this_step > self.config.max_sites:
             self._warn_once("max_sites", f"gpupace: {self._sites_this_step} paced collectives "
                             f"in this step, and only the first {self.config.max_sites} are "
@@ -523,18 +533,21 @@ class Pacer(Joinable):
             raise TypeError(f"attach(hook=...) takes a comm hook, a function (state, bucket) -> "
                             f"Future that calls gpupace.ddp_comm_hook, got {type(hook).__name__}")
         self.check_group()
-        if not callable(getattr(ddp_model, "register_comm_hook", None)):
+        # torch.compile(ddp_model) holds the DDP model; FSDP has a register_comm_hook too, whose
+        # hooks take gradients, not buckets (it failed in backward with a TypeError)
+        target = getattr(ddp_model, "_orig_mod", ddp_model)
+        if not isinstance(target, torch.nn.parallel.DistributedDataParallel):
             raise TypeError(f"attach() takes a torch.nn.parallel.DistributedDataParallel model, "
-                            f"got {type(ddp_model).__name__}: wrap it first, "
+                            f"got {type(target).__name__}: wrap it first, "
                             f"DistributedDataParallel(model)")
-        if getattr(ddp_model, "_use_python_reducer", False):
+        if getattr(target, "_use_python_reducer", False):
             raise ValueError(
                 "this DDP model reduces its gradients in Python, a parameter at a time "
                 "(torch._dynamo.config.optimize_ddp = 'python_reducer', set when it was "
                 "built): its comm hooks get (grad, param) pairs, not buckets, which gpupace "
                 "cannot pace (nor torch's own allreduce_hook). Build it under the default "
                 "optimize_ddp: torch.compile(ddp_model) is paced there, bucket by bucket")
-        theirs = getattr(ddp_model, "process_group", None)
+        theirs = getattr(target, "process_group", None)
         if theirs is not None:
             ours = self.group if self.group is not None else dist.group.WORLD
             mine, model = dist.get_process_group_ranks(ours), dist.get_process_group_ranks(theirs)
@@ -547,7 +560,7 @@ class Pacer(Joinable):
         if not self.enabled:
             return
         try:
-            ddp_model.register_comm_hook(Attached(self), hook or ddp_comm_hook)
+            target.register_comm_hook(Attached(self), hook or ddp_comm_hook)
         except RuntimeError as e:
             if "only be called once" not in str(e):
                 raise
@@ -555,6 +568,7 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
         self._hooked = True
+        self._models.add(target)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (`copy.deepcopy`, `pickle`, `torch.save` of a DDP model whose comm hook this
@@ -564,7 +578,8 @@ class Pacer(Joinable):
         own.)"""
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
-                     _engine=None, _writer=None, _tb=None, _closed=True, _world=None)
+                     _engine=None, _writer=None, _tb=None, _closed=True, _world=None,
+                     _models=None)
         return state
 
     def close(self) -> None:

@@ -396,7 +396,8 @@ def test_a_telemetry_path_that_is_a_folder_warns_on_a_subgroup_and_training_goes
         assert any("telemetry" in w for w in warned[rank]), warned[rank]
 
 
-def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4):
+def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4,
+            pacer_in_join=True):
     """Rank 0 has 6 batches, rank 1 `rank1_batches`: the joined rank shadows the other's
     collectives. With `accumulate` > 1, that many micro-batches a step, all but the last under
     no_sync."""
@@ -411,7 +412,8 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, ran
         pacer.attach(ddp)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
-    joinables = [ddp] if pacer is None else [pacer, ddp] if pacer_first else [ddp, pacer]
+    joinables = ([ddp] if pacer is None or not pacer_in_join else
+                 [pacer, ddp] if pacer_first else [ddp, pacer])
     try:
         with Join(joinables):
             for _ in range(6 if rank == 0 else rank1_batches):
@@ -447,6 +449,52 @@ def test_uneven_inputs_under_join_train_like_plain_ddp(accumulate, rank1_batches
             assert torch.equal(a, b)
     for refused in run_ranks(_uneven, 2, "observe", True, collective_timeout_s=30):
         assert "Join([ddp_model, pacer])" in refused
+
+
+def test_a_model_in_join_without_its_pacer_is_refused_at_the_first_step():
+    """Join([ddp_model]) with the pacer forgotten: the rank out of inputs would not shadow
+    pacer.step(), and the other waited in its all_gather until the process group's timeout
+    (30 min on gloo, here 30 s). Refused at once, on every rank, saying how."""
+    t0 = time.monotonic()
+    for refused in run_ranks(_uneven, 2, "observe", pacer_in_join=False,
+                             collective_timeout_s=30):
+        assert "in a Join without the pacer: pass both, Join([ddp_model, pacer])" in refused
+    assert time.monotonic() - t0 < 25
+
+
+def _attach_fsdp(rank, world):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    pacer = Pacer(PaceConfig(mode="pace"))
+    try:
+        pacer.attach(FSDP(torch.nn.Linear(4, 4), device_id=torch.device("cpu")))
+    except TypeError as e:
+        return str(e)
+
+
+def test_attach_refuses_an_fsdp_model():
+    """FSDP has a register_comm_hook too, whose hooks take gradients, not buckets: taken, its
+    backward failed with 'ddp_comm_hook() takes 2 positional arguments but 3 were given'."""
+    for refused in run_ranks(_attach_fsdp, 2):
+        assert refused.startswith("attach() takes a torch.nn.parallel.DistributedDataParallel "
+                                  "model, got FullyShardedDataParallel")
+
+
+def _attach_compiled(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    model = torch.compile(DDP(torch.nn.Linear(8, 8)), backend="eager")  # a torch.compile
+    pacer.attach(model)  # wrapper, which holds the DDP model as _orig_mod
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        pacer.step()
+    return pacer.site_names
+
+
+def test_attach_takes_a_compiled_ddp_model():
+    for names in run_ranks(_attach_compiled, 2, timeout_s=200):
+        assert names == ["bucket0"]
 
 
 def test_a_pacer_not_attached_to_the_model_steps_under_join_too():
