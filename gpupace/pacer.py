@@ -161,6 +161,9 @@ class Pacer(Joinable):
         self.telemetry_every = self.config.telemetry_every or max(1, self.world_size // 64)
         path = self.config.telemetry_path
         subgroup = _subgroup_ranks(group)  # a data-parallel group's files are its own
+        # The telemetry file's last line: steps run, and how the run ended ("closed", "exit":
+        # at interpreter exit without close(), "error: <exception>")
+        self._end: dict[str, Any] = {"steps": 0, "how": "exit"}
         if path and self.config.mode != "off" and (per_rank_path(path) or self.rank == 0):
             me = dist.get_rank() if subgroup is not None else self.rank  # the global rank
             extra = {} if subgroup is None else {"global_rank": me, "group_ranks": subgroup}
@@ -173,7 +176,7 @@ class Pacer(Joinable):
             try:
                 self._writer = TelemetryWriter(telemetry_file(path, me, subgroup), header,
                                                self.config.telemetry_interval, background=True,
-                                               keep_previous=True)
+                                               keep_previous=True, end=self._end)
             # A side channel: training goes on without it. Raised on the writing ranks alone,
             # an error would leave the others waiting in the first step's all_gather.
             except (OSError, ValueError) as e:
@@ -353,7 +356,14 @@ class Pacer(Joinable):
         self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
-        record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
+        try:
+            record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
+        except BaseException as e:  # a peer gone (ExchangeError), Ctrl-C in the all_gather
+            self._end["how"] = f"error: {type(e).__name__}"
+            raise
+        self._end["steps"] = self.steps  # steps completed
+        if self._end["how"].startswith("error"):  # a paced block's, caught: the run went on
+            self._end["how"] = "exit"
         if record is not None:
             self._keep(record)
         return record
@@ -430,6 +440,7 @@ class Pacer(Joinable):
              f"training goes on without it: {error}")
         writer, self._writer = self._writer, None
         if writer is not None:
+            writer.end = None  # records are missing: no end line says the file is whole
             with contextlib.suppress(OSError, RuntimeError):
                 writer.close()
 
@@ -583,8 +594,14 @@ class Pacer(Joinable):
         return state
 
     def close(self) -> None:
-        """Collects what the device still holds, flushes and closes the telemetry file. Safe to
+        """Collects what the device still holds, flushes and closes the telemetry file, whose
+        last line then says the run was closed (a file without one was cut short). Safe to
         call twice."""
+        self._close("closed")
+
+    def _close(self, how: str) -> None:
+        if not self._end["how"].startswith("error"):  # a failed step() said how first
+            self._end["how"] = how
         self._closed = True
         if self._writer is not None or self._tb is not None:
             self.drain()
@@ -601,8 +618,8 @@ class Pacer(Joinable):
     def __enter__(self) -> Pacer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self._close(f"error: {exc_type.__name__}" if exc_type is not None else "closed")
 
 
 class _Paced:
@@ -636,6 +653,8 @@ class _Paced:
 
     def __exit__(self, *exc: Any) -> bool | None:
         self._pacer._open_blocks -= 1
+        if exc[0] is not None:  # the telemetry's end line says so, unless the run goes on
+            self._pacer._end["how"] = f"error: {exc[0].__name__}"
         try:
             if not self._async:
                 self._engine.leave(self._ticket)

@@ -27,6 +27,7 @@ import platform
 import queue
 import socket
 import stat
+import sys
 import threading
 import time
 import weakref
@@ -201,6 +202,9 @@ def first_measured_step(header: dict[str, Any]) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
 
 
+# The fields of a file's end line (`TelemetryWriter`'s `end`): the steps its owner ran, how
+# it ended, and what the writer wrote and dropped.
+END_FIELDS = ("gpupace", "steps", "how", "records", "dropped")
 # The fields every header has (make_header's own): `extra` must not set them.
 HEADER_FIELDS = ("gpupace", "format", "source", "label", "rank", "world_size", "sites", "config",
                  "versions", "host", "started")
@@ -305,10 +309,16 @@ class TelemetryWriter:
     step); it still shares the GIL with the thread, which encodes in chunks. The thread
     keeps the order; `close()` (also run at interpreter exit, and at the end of a multiprocessing
     child, forked ones included) writes everything still queued.
-    A failure in the thread is raised by the next `write`, `flush` or `close`."""
+    A failure in the thread is raised by the next `write`, `flush` or `close`.
+
+    `end`: the fields of the file's last line, `{"gpupace": "end", ...}`, which `close()`
+    writes after the last record when everything reached the file (its owner keeps them up to
+    date: steps run, how it ended). The header then says one is due (`end_mark`): a file
+    without it was cut short (a killed or crashed rank, a full disk), which the report says."""
 
     def __init__(self, path: str | os.PathLike, header: dict[str, Any], interval: int = 50, *,
-                 background: bool = False, keep_previous: bool = False):
+                 background: bool = False, keep_previous: bool = False,
+                 end: dict[str, Any] | None = None):
         if names_a_folder(path):  # Path() drops "/" and "/.": a file "runs" was made
             raise IsADirectoryError(f"telemetry path {str(path)!r} names a folder: give a file "
                                     "path, such as runs/run.jsonl")
@@ -324,6 +334,7 @@ class TelemetryWriter:
         if _blocks_on_open(self.path):  # a FIFO: open() waited for a reader, for ever
             raise ValueError(f"telemetry path {str(path)!r} is a FIFO or socket, not a file")
         self.interval = interval
+        self.end = end
         # A restarted job given the same path keeps the run before (a Pacer's file), renamed
         # to path.1 (the first free number), instead of writing over it.
         self.kept: Path | None = keep_aside(self.path) if keep_previous else None
@@ -345,7 +356,7 @@ class TelemetryWriter:
         _writing[self._resolved] = self
         # default=str: a Path or a NumPy scalar in the caller's `telemetry_extra` is written as
         # text rather than failing on the writing rank alone (the others would go on).
-        self._file.write(json.dumps(json_safe(header), default=str) + "\n")
+        self._file.write(self._header_line(header))
         self._took_records = False  # `write` was called: the header can no longer change
         self._given_up = False  # close() stopped waiting for a stuck thread
         self._lock = threading.Lock()  # the file, between the thread and flush/close
@@ -367,6 +378,10 @@ class TelemetryWriter:
             # the queued records are written.
             self._finalizer = multiprocessing.util.Finalize(None, self.close, exitpriority=0)
 
+    def _header_line(self, header: dict[str, Any]) -> str:
+        promise = {"end_mark": True} if self.end is not None else {}
+        return json.dumps(json_safe({**header, **promise}), default=str) + "\n"
+
     def restate_header(self, header: dict[str, Any]) -> bool:
         """Writes `header` over the file's, if no record has come yet (a resumed pacer's, whose
         step count is known after its file was opened); False, and nothing written, after."""
@@ -375,7 +390,7 @@ class TelemetryWriter:
         with self._lock:  # no record queued: the thread writes nothing
             self._file.seek(0)
             self._file.truncate()
-            self._file.write(json.dumps(json_safe(header), default=str) + "\n")
+            self._file.write(self._header_line(header))
             self._flush()
         return True
 
@@ -491,6 +506,8 @@ class TelemetryWriter:
                 if self._thread.is_alive():
                     return  # it holds the file, and maybe the lock
             self._thread = None
+        if self.end is not None and self._error is None:
+            self._write_end()
         self._close_file()
         if self.dropped > self._dropped_told:  # dropped after the last record written
             warn(f"gpupace: the telemetry writer dropped the last "
@@ -498,6 +515,20 @@ class TelemetryWriter:
                  f"behind the steps")
             self._dropped_told = self.dropped
         self._raise_failure()
+
+    def _write_end(self) -> None:
+        """The end line, after every record: `end`'s fields, what was written and dropped, and
+        an exception the process exits on (an uncaught one sets sys.last_value) where the
+        owner saw none."""
+        end = dict(self.end)
+        exiting_on = getattr(sys, "last_value", None)
+        if end.get("how", "exit") == "exit" and exiting_on is not None:
+            end["how"] = f"error: {type(exiting_on).__name__}"
+        end.update(records=self.written, dropped=self.dropped)
+        with self._lock:
+            if self._file is not None:
+                self._file.write(json.dumps(json_safe({"gpupace": "end", **end}),
+                                            default=str) + "\n")
 
     def _close_file(self) -> None:
         with self._lock:
@@ -518,6 +549,7 @@ class Telemetry:
     header: dict[str, Any]
     records: list[StepRecord]
     skipped: list[str]  # one line per unreadable line: "line N: why"
+    end: dict[str, Any] | None = None  # the end line (`TelemetryWriter`'s `end`), if any
 
 
 def read_telemetry(path: str | os.PathLike) -> Telemetry:
@@ -525,14 +557,19 @@ def read_telemetry(path: str | os.PathLike) -> Telemetry:
     header, raises ValueError naming the file. Later lines that are cut short (a crash in the
     middle of a write) or corrupt are skipped and listed in `skipped`."""
     skipped: list[str] = []
+    ends: list[dict[str, Any]] = []
     header = read_header(path)
-    return Telemetry(header=header, records=list(iter_records(path, skipped)), skipped=skipped)
+    records = list(iter_records(path, skipped, ends))
+    return Telemetry(header=header, records=records, skipped=skipped,
+                     end=ends[-1] if ends else None)
 
 
-def iter_records(path: str | os.PathLike, skipped: list[str]) -> Iterator[StepRecord]:
+def iter_records(path: str | os.PathLike, skipped: list[str],
+                 ends: list[dict[str, Any]] | None = None) -> Iterator[StepRecord]:
     """The step records of a telemetry file one at a time, so that a reader that keeps arrays
     holds one record's lists at once, not the whole file's (Python lists take ~4x the JSON's
-    size). Lines cut short or corrupt are appended to `skipped` ("line N: why")."""
+    size). Lines cut short or corrupt are appended to `skipped` ("line N: why"), end lines
+    (`{"gpupace": "end", ...}`) to `ends`."""
     path = Path(path)
     with _open(path) as f:
         _header(f, path)
@@ -540,7 +577,12 @@ def iter_records(path: str | os.PathLike, skipped: list[str]) -> Iterator[StepRe
             if not line.strip():
                 continue
             try:
-                record = StepRecord.from_dict(json.loads(line))
+                obj = json.loads(line)
+                if isinstance(obj, dict) and obj.get("gpupace") == "end":
+                    if ends is not None:
+                        ends.append(obj)
+                    continue
+                record = StepRecord.from_dict(obj)
             except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
                 skipped.append(f"line {lineno}: {type(e).__name__}: {str(e)[:120]}")
                 continue

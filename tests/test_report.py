@@ -869,3 +869,71 @@ def test_a_subgroup_note_lets_every_rank_named_be_found_as_a_global_rank():
     uneven = [0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21]
     assert group_note(uneven).endswith(f"its ranks 0-11, global ranks {uneven}, in that order")
     assert group_note([2, 3]).endswith("its ranks 0-1, global ranks [2, 3], in that order")
+
+
+def _ranks_that_may_die(rank, world, out, kill_at, disagree_from):
+    """Two ranks, 40 steps; rank 1 SIGKILLs itself before step `kill_at`'s collective, or
+    paces one more site than rank 0 from step `disagree_from` on."""
+    import signal
+    import time
+
+    import torch
+
+    from gpupace import PaceConfig, Pacer
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0,
+                             telemetry_path=f"{out}/run.{{rank}}.jsonl"))
+    t = torch.ones(64)
+    for k in range(40):
+        time.sleep(0.001)
+        if k == kill_at and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        pacer.all_reduce(t)
+        if k >= disagree_from and rank == 1:
+            with pacer.site("local"):
+                pass
+        pacer.step()
+    pacer.close()
+
+
+def test_a_run_cut_short_by_a_dead_rank_is_named_in_the_report(tmp_path, capsys):
+    """A rank killed at step 25: the files end there as a finished run's would, and the
+    report read them as one. Each file of a closed run ends with an end line; the dead
+    rank's has none, the survivor's says it ended on an error, and the report says both,
+    beside its figures and in a comparison."""
+    from gpupace.launch import run_ranks
+
+    run_ranks(_ranks_that_may_die, 2, str(tmp_path / "ok"), -1, 99, timeout_s=100)
+    with pytest.raises(RuntimeError):
+        run_ranks(_ranks_that_may_die, 2, str(tmp_path / "dead"), 25, 99,
+                  collective_timeout_s=10, timeout_s=100)
+    ok = (tmp_path / "ok" / "run.1.jsonl").read_text().splitlines()
+    assert json.loads(ok[-1]) == {"gpupace": "end", "steps": 40, "how": "closed",
+                                  "records": 40, "dropped": 0}
+    assert json.loads(ok[0])["end_mark"] is True
+    assert '"gpupace": "end"' not in (tmp_path / "dead" / "run.1.jsonl").read_text()
+    runs = load_runs([tmp_path / "dead", tmp_path / "ok"])
+    dead, fine = runs
+    assert dead.steps == 25 and fine.steps == 40 and not fine.unfinished
+    # (after step 24, or a little before: the killed rank's writer loses what it had queued)
+    assert any(re.match(r"no end mark in run\.1\.jsonl \(after step 2[0-4]\): those ranks' "
+                        "writers stopped there", n) for n in dead.notes), dead.notes
+    assert any(re.match(r"run\.0\.jsonl: the run ended on an error \(\w+\) after 25 steps", n)
+               for n in dead.notes), dead.notes
+    assert not any("end mark" in n or "error" in n or "no record" in n for n in fine.notes)
+    rc, out = _report(tmp_path, capsys, tmp_path / "ok", tmp_path / "dead", json_=False)
+    assert rc == 0 and re.search(r"\(run\.0 \(dead\) did not finish \(it ended on an error, "
+                                 r"\w+\): its figures cover the steps it ran\)", out.out), out.out
+
+
+def test_steps_the_ranks_disagreed_on_are_counted_as_unrecorded(tmp_path):
+    """From step 30 on the ranks pace different numbers of sites: those steps record nothing
+    (each rank warns once), and the file ended at step 29 as if the run had."""
+    from gpupace.launch import run_ranks
+
+    run_ranks(_ranks_that_may_die, 2, str(tmp_path), -1, 30, timeout_s=100)
+    (run,) = load_runs([tmp_path])
+    assert run.steps == 30 and not run.unfinished
+    assert "run.0.jsonl: 10 steps have no record, the last 10 of them (the run went on to " \
+           "step 39): steps with no paced collective, or that the ranks disagreed on" in \
+           " ".join(run.notes), run.notes

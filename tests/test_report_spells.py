@@ -231,7 +231,7 @@ def test_the_readme_names_every_key_a_script_reads():
     from pathlib import Path
 
     from gpupace.pacer import PACER_HEADER_FIELDS
-    from gpupace.telemetry import HEADER_FIELDS, StepRecord
+    from gpupace.telemetry import END_FIELDS, HEADER_FIELDS, StepRecord
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("### The files, for scripts")[1].split("\n## ")[0]
@@ -239,7 +239,8 @@ def test_the_readme_names_every_key_a_script_reads():
     doc = findings([steady], [diagnose(steady)])
     run = doc["runs"][0]
     keys = {*doc, *run, *run["summary"], *run["modes"][0], *HEADER_FIELDS,
-            *PACER_HEADER_FIELDS, *(f.name for f in dataclasses.fields(StepRecord))}
+            *PACER_HEADER_FIELDS, *(f.name for f in dataclasses.fields(StepRecord)),
+            *END_FIELDS, "end_mark"}
     named = set(re.findall(r"`([a-z0-9_]+)`", section))
     for stem, alts in re.findall(r"`([a-z_]+)_\{([a-z0-9,]+)\}`", section):  # `x_{mean,p99}`
         named |= {f"{stem}_{a}" for a in alts.split(",")}

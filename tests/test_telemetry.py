@@ -1,5 +1,6 @@
 """The telemetry file: NaN and infinity round trips, flushing every interval, bad files."""
 
+import contextlib
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import pytest
 from gpupace import PaceConfig
 from gpupace.summary import summarize
 from gpupace.telemetry import (
+    END_FIELDS,
     StepRecord,
     TelemetryWriter,
     first_measured_step,
@@ -681,3 +683,53 @@ def test_each_record_counts_the_drops_just_before_it(tmp_path):
     recs = read_telemetry(path).records
     assert [(r.step, r.dropped_before) for r in recs] == [(0, 0), (3, 2), (5, 1)]
     assert w.dropped == 3
+
+
+_ENDING = """
+import sys
+from gpupace import PaceConfig, Pacer
+pacer = Pacer(PaceConfig(mode="observe", telemetry_path=sys.argv[1]))
+for _ in range(3):
+    with pacer.site("x"):
+        pass
+    pacer.step()
+if sys.argv[2] == "raise":
+    1 / 0
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "with", "exit", "raise"])
+def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
+    """The end line tells a finished run from one cut short (a file without it) and says how
+    it ended: closed, an exception out of `with Pacer(...)`, the interpreter's exit without
+    close(), or an uncaught exception there."""
+    from gpupace import PaceConfig, Pacer
+
+    path = tmp_path / "t.jsonl"
+    if how in ("close", "with"):
+        with contextlib.suppress(ValueError), \
+                Pacer(PaceConfig(mode="observe", telemetry_path=str(path))) as pacer:
+            for _ in range(3):
+                with pacer.site("x"):
+                    pass
+                pacer.step()
+            if how == "with":
+                raise ValueError("out of the block")
+    else:
+        subprocess.run([sys.executable, "-c", _ENDING, str(path), how], timeout=120,
+                       capture_output=True, cwd=Path(__file__).resolve().parent.parent)
+    tel = read_telemetry(path)
+    want = {"close": "closed", "with": "error: ValueError", "exit": "exit",
+            "raise": "error: ZeroDivisionError"}[how]
+    assert tel.end == {"gpupace": "end", "steps": 3, "how": want, "records": 3, "dropped": 0}
+    assert tuple(tel.end) == END_FIELDS
+    assert tel.header["end_mark"] is True and not tel.skipped and len(tel.records) == 3
+
+
+def test_a_writer_given_no_end_promises_none_and_writes_none(tmp_path):
+    path = tmp_path / "t.jsonl"
+    w = TelemetryWriter(path, make_header(source="test", world_size=2))
+    w.write(record(0))
+    w.close()
+    tel = read_telemetry(path)
+    assert tel.end is None and "end_mark" not in tel.header and len(tel.records) == 1

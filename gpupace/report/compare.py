@@ -187,6 +187,10 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     if runs is not None and (kind(runs[0]) != kind(runs[1]) or job_differences(*runs)):
         out.append(f"different jobs ({_difference(*runs)}): the changes compare them, not a "
                    "paced run with its own baseline")
+    for run in runs or ():
+        if run.unfinished:  # a crash's last steps may be the slow ones, or its first alone run
+            out.append(f"{run.label} did not finish ({run.unfinished}): its figures cover the "
+                       "steps it ran")
     if base.get("throughput_unit") != other.get("throughput_unit"):
         out.append(f"throughput not compared: {base.get('throughput_unit')} against "
                    f"{other.get('throughput_unit')} (samples_per_step is in one run's header "

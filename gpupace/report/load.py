@@ -60,6 +60,9 @@ class Run:
     delay: np.ndarray
     site_spread: np.ndarray  # [steps, sites]
     notes: list[str] = field(default_factory=list)
+    # How the run did not finish, in a few words ("" when it did, or its files cannot say):
+    # a rank file without its end line, or an end on an error.
+    unfinished: str = ""
 
     @property
     def steps(self) -> int:
@@ -141,13 +144,15 @@ def _matrix(rows: list[list[float]], width: int) -> np.ndarray:
 
 
 def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[StepRecord],
-           skipped: list[str], other_files: Sequence[Path] = ()) -> Run:
+           skipped: list[str], other_files: Sequence[Path] = (),
+           ends: Sequence[dict[str, Any]] = ()) -> Run:
     """Arrays from records, taken one at a time (a generator such as `iter_records` keeps one
     record's lists in memory at once). A record with an absurd time, or with per-rank arrays
     of another length than the run's world size (`_world_size`), is skipped and listed in
     `Run.skipped` after the unreadable lines: one such record made the report count 3 ranks
     in a 2-rank run, or a mean step of 300 digits. Raises ValueError when no step record
-    could be read."""
+    could be read. `ends`: the file's end lines (`iter_records` fills it as it reads), which
+    say whether and how the run ended."""
     scalars = {name: [] for name in _SCALARS}
     earliness, delay, site_spread, widths = [], [], [], []
     rejected: list[str] = []
@@ -219,6 +224,7 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if header.get("source") == "sim":  # the same run's figures differ between the two
         run.notes.append(f"{path.name}: simulated; every step is counted here, where `gpupace "
                          "simulate`'s table counts the second half (the policy's start left out)")
+    run.notes += end_notes(path.name, header, ends[-1] if ends else None, run, dropped)
     given = header.get("first_measured_step")
     if given is not None and not (isinstance(given, (int, float))
                                   and not isinstance(given, bool) and given >= 0):
@@ -226,6 +232,35 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
                          f"step number: the figures start at step {run.first_measured_step} "
                          "(the config's warm-up)")
     return run
+
+
+def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run: Run,
+              dropped: int = 0) -> list[str]:
+    """What a file's end line (or its absence, where the header promised one) says of the run:
+    cut short, ended on an error, or steps that have no record."""
+    if not header.get("end_mark"):  # an older writer's file, or one written whole
+        return []
+    last = int(run.step[-1])
+    if end is None:
+        run.unfinished = f"{name} has no end mark after step {last}"
+        return [f"{name}: no end mark: its writer stopped after step {last} (the rank was "
+                "killed or crashed, its disk filled, or the run is still going)"]
+    notes = []
+    how, steps = str(end.get("how", "")), end.get("steps")
+    if how.startswith("error"):
+        run.unfinished = f"it ended on an error, {how.removeprefix('error: ')}"
+        notes.append(f"{name}: the run ended on an error ({how.removeprefix('error: ')})"
+                     + (f" after {steps} steps" if isinstance(steps, int) else ""))
+    gap = run.record_gap
+    inside = int(np.maximum(np.diff(run.step) - gap, 0).sum()) - dropped * gap
+    after = steps - 1 - last - (gap - 1) if isinstance(steps, int) else 0
+    if inside > 0 or after > 0:
+        notes.append(f"{name}: {max(inside, 0) + max(after, 0)} steps have no record"
+                     + (f", the last {after} of them (the run went on to step {steps - 1})"
+                        if after > 0 else "")
+                     + ": steps with no paced collective, or that the ranks disagreed on "
+                     "(the ranks' warnings say when)")
+    return notes
 
 
 def group_note(ranks: list[int]) -> str:
@@ -244,25 +279,50 @@ TAIL_FILES = 64  # rank files of a run up to which each one's last step is read
 TAIL_BYTES = 1 << 20  # what is read of a file's end for it: lines of 125 KB at 4096 ranks
 
 
-def _last_step(path: Path) -> int:
+def _tail(path: Path) -> tuple[int, dict[str, Any] | None]:
     """The step of the last whole record line in the file's last TAIL_BYTES, -1 if none
-    (lines cut short or corrupt are passed over, as the reader skips them)."""
+    (lines cut short or corrupt are passed over, as the reader skips them), and the end line
+    after it, if any."""
     start = max(0, _size(path) - TAIL_BYTES)
     try:
         with path.open("rb") as f:
             f.seek(start)
             tail = f.read(TAIL_BYTES)
     except OSError:
-        return -1
+        return -1, None
     lines = tail.split(b"\n")[1 if start else 0:]  # the first is cut by the seek
+    end = None
     for line in reversed(lines):  # a line cut short does not parse
         try:
-            step = json.loads(line).get("step")
+            obj = json.loads(line)
+            step = obj.get("step")
         except (ValueError, AttributeError):
             continue
-        if isinstance(step, int) and not isinstance(step, bool):
-            return step
-    return -1
+        if obj.get("gpupace") == "end":
+            end = end or obj
+        elif isinstance(step, int) and not isinstance(step, bool):
+            return step, end
+    return -1, end
+
+
+def _unended(run: Run, files: Sequence[tuple[Path, dict[str, Any]]],
+             tails: dict[Path, tuple[int, dict[str, Any] | None]]) -> list[str]:
+    """The note on the run's other rank files that were cut short (no end line where the
+    header promised one) or ended on an error: which rank died, and when."""
+    cut = [f"{p.name} (after step {tails[p][0]})" for p, h in files
+           if h.get("end_mark") and p in tails and tails[p][1] is None]
+    failed = [f"{p.name} ({str(tails[p][1].get('how')).removeprefix('error: ')})"
+              for p, h in files if h.get("end_mark") and p in tails and tails[p][1] is not None
+              and str(tails[p][1].get("how", "")).startswith("error")]
+    notes = []
+    if cut:
+        notes.append(f"no end mark in {_some(cut)}: those ranks' writers stopped there (killed "
+                     "or crashed, a full disk, or still going)")
+    if failed:
+        notes.append(f"ended on an error: {_some(failed)}")
+    if (cut or failed) and not run.unfinished:
+        run.unfinished = f"no end mark in {cut[0]}" if cut else f"ended on an error: {failed[0]}"
+    return notes
 
 
 def _size(path: Path) -> int:
@@ -342,8 +402,10 @@ def _read_run(label: str, path: Path, header: dict[str, Any], other_files: Seque
               progress: Progress | None) -> Run:
     """`to_run` over the file's records as they are read, with a heartbeat for large files."""
     skipped: list[str] = []
+    ends: list[dict[str, Any]] = []
     with _heartbeat(path, progress):
-        return to_run(label, path, header, iter_records(path, skipped), skipped, other_files)
+        return to_run(label, path, header, iter_records(path, skipped, ends), skipped,
+                      other_files, ends)
 
 
 @contextlib.contextmanager
@@ -578,11 +640,12 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     labels: dict[str, Path] = {}
     for group in order:
         # Each rank file holds every rank's rows: read the lowest rank's of those that reach
-        # the run's last step (`_last_step`: a writer that stopped early, by 5 steps of 240,
+        # the run's last step (`_tail`: a writer that stopped early, by 5 steps of 240,
         # was read without a word), unless another is larger by more than the few bytes that
         # the writers' own times make (its writer dropped records).
         group.sort(key=lambda ph: int(ph[1].get("rank") or 0))
-        end = {p: _last_step(p) for p, _ in group} if 1 < len(group) <= TAIL_FILES else {}
+        tails = {p: _tail(p) for p, _ in group} if 1 < len(group) <= TAIL_FILES else {}
+        end = {p: step for p, (step, _) in tails.items()}
         last = max(end.values(), default=None)
         longer = end.get(group[0][0], last) != last
         if longer:  # the lowest rank of those that reach the last step
@@ -604,6 +667,7 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         run.notes += [f"{p} was given {repeats[p] + 1} times (by name and again in its "
                       "directory, or twice by name): read once" for p, _ in group
                       if p in repeats]
+        run.notes += _unended(run, group[1:], tails)
         if run.other_files:
             run.notes.append(f"{len(group)} rank files of one run; read rank "
                              f"{header.get('rank') or 0}'s ({path.name}"
