@@ -368,6 +368,18 @@ class Pacer(Joinable):
             self._keep(record)
         return record
 
+    def pause(self) -> None:
+        """Marks time between two steps that is not training (an eval loop, a checkpoint
+        save): the next step's time and its collectives' arrivals are not measured across it.
+        Unmarked, the pause read as one slow step (throughput and the step-time tail in
+        `summary()` with it) and as late arrivals. Call it between `step()` and the next
+        step's first paced collective, before or after the pause; no collective, no sync."""
+        if self._sites_this_step:
+            raise RuntimeError(f"pacer.pause() inside a step ({self._sites_this_step} paced "
+                               "collectives since the last step()): call it between steps")
+        if self._engine is not None and self.enabled:
+            self._engine.forget_exits()
+
     # -- uneven inputs (torch.distributed.algorithms.join) -----------------------------------
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """For `Join([ddp_model, pacer])`: a rank that ran out of inputs runs the model's

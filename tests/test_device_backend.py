@@ -391,6 +391,25 @@ def test_a_device_step_cut_short_leaves_no_sites_to_the_next(interp):
     assert torch.isnan(eng.gathered[0, 3:6]).all() and (eng.gathered[0, 7:] == 0).all()
 
 
+def test_a_pause_forgets_the_exits_the_next_step_is_timed_from(interp):
+    """pause() on the device: the next step's time and its arrival are unknown (a NaN step
+    time; the usual arrival not learnt from the pause), as on the host."""
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
+    for step in range(4):
+        eng.clk[1] += 5_000_000 if step != 3 else 900_000_000  # 0.9 s of eval before step 3
+        if step == 3:
+            usual = eng.usual.clone()
+            eng.forget_exits()
+        eng.exit(eng.arrive())
+        eng.end_step(step, 0.0)
+        if step == 2:
+            assert eng.gathered[0, 1] == pytest.approx(5000.0)  # the 5 ms step, us
+    assert math.isnan(eng.gathered[0, 1])
+    assert eng.usual[0] == usual[0] == pytest.approx(5000.0)  # the pause not learnt as an arrival
+
+
 def test_the_engine_buffers_do_not_follow_torch_defaults(interp):
     """The kernels read and write float32 and int32, and the telemetry ring's copy lands in
     host memory, whatever torch's default dtype (float64, bfloat16) and device (a model

@@ -982,6 +982,36 @@ def _a_step_without_sites(rank, world):
     return times
 
 
+def _an_eval_pause(rank, world, paused):
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    t = torch.ones(16)
+    times = []
+    for k in range(5):
+        time.sleep(0.01)
+        pacer.all_reduce(t)
+        times.append(pacer.step().step_times_us.tolist())
+        if k == 2:
+            time.sleep(0.3)  # an eval loop
+            if paused:
+                pacer.pause()
+    with pytest.raises(RuntimeError, match="inside a step"):
+        pacer.all_reduce(t)
+        pacer.pause()
+    return times, pacer.summary()["step_time_max"]
+
+
+def test_a_pause_between_steps_is_not_a_slow_step():
+    """An eval loop between steps 2 and 3 read as a 310 ms step: the step-time max and tail,
+    and the throughput, with it. Marked with pause(), step 3's time is unknown instead."""
+    for paused in (False, True):
+        for times, worst in run_ranks(_an_eval_pause, 2, paused, timeout_s=100):
+            assert all(8e3 < v < 250e3 for v in times[4]), times
+            if paused:
+                assert all(np.isnan(times[3])) and worst < 250e3, (times, worst)
+            else:  # what pause() is for
+                assert all(v > 250e3 for v in times[3]) and worst > 250e3, (times, worst)
+
+
 def test_a_step_after_one_without_sites_has_no_step_time_spanning_both():
     """Step time is the exit-to-exit interval of the first site: after a step with none (or
     one the ranks disagreed on) it would span two steps, a straggler step to the report."""

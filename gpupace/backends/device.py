@@ -481,6 +481,13 @@ class DeviceEngine:
         return list(self._phases)
 
     # -- control ----------------------------------------------------------------------------
+    def forget_exits(self) -> None:
+        """As the host engine's: the exits the next step times itself and its arrivals from,
+        zeroed on the device (0: none; two fills on the current stream, which the next step's
+        kernels follow)."""
+        self.clk[0:1].zero_()
+        self.stamps[:, 2].zero_()
+
     def next_delays(self) -> np.ndarray:
         """This rank's delays for the next step (synchronises: not for the step loop)."""
         if self._cuda:

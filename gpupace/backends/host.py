@@ -241,6 +241,12 @@ class HostEngine:
                     stamped.wait()
         self._stamping.clear()
 
+    def forget_exits(self) -> None:
+        """After a pause between steps: the next step's time and its sites' arrivals are
+        unknown, not measured across the pause."""
+        self._prev_exit0 = None
+        self._last_exit_ns[:] = 0
+
     def next_delays(self) -> np.ndarray:
         n = self.state.shape[1] if self.state is not None else 0
         return self._next_delay[:n].copy()
