@@ -152,6 +152,7 @@ class Pacer(Joinable):
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
         self._models: weakref.WeakSet = weakref.WeakSet()  # the DDP models attach() took
+        self._loaded_sites: tuple[int, int] | None = None  # (saved sites, steps to wait)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
@@ -348,6 +349,8 @@ class Pacer(Joinable):
                             "step's delays: with one per micro-batch, nothing is paced. (A "
                             "model that skips some steps, or an eval loop, may call it so: "
                             "those steps are only left out.)")
+        if self._loaded_sites is not None and self._sites_this_step:
+            self._check_loaded_sites()
         if self._sites_this_step > self.config.max_sites:
             self._warn_once("max_sites", f"gpupace: {self._sites_this_step} paced collectives "
                             f"in this step, and only the first {self.config.max_sites} are "
@@ -504,10 +507,26 @@ class Pacer(Joinable):
                                    group_ranks=_subgroup_ranks(self.group))
         steps = checkpoint.steps_of(state)
         self._engine.load_policy_state(learnt)
+        # Sites are matched by order: the second step with sites after this (a DDP model's
+        # first has one bucket) says whether the model's buckets are the saved ones.
+        self._loaded_sites = (int(state["sites"]), 2) if learnt is not None else None
         if steps and (self.steps == 0 or self.steps == self._resumed_at):  # not stepped since
             self._resume_at(steps)
         elif self.steps > 0:  # its own count goes on, with the warm-up again from here
             self._rewarms.append(range(self.steps, self.steps + self.config.warmup_steps))
+
+    def _check_loaded_sites(self) -> None:
+        saved, wait = self._loaded_sites
+        if wait > 1:
+            self._loaded_sites = (saved, wait - 1)
+            return
+        self._loaded_sites = None
+        if self._sites_this_step != saved:
+            self._warn_once("loaded_sites", f"gpupace: the checkpoint loaded holds {saved} "
+                            f"paced sites and this step has {self._sites_this_step}: sites are "
+                            "matched by order, so what was learnt at one DDP bucket now paces "
+                            "another (the model, its bucket_cap_mb or its dtypes changed?); "
+                            "start without the checkpoint's pacer state if so")
 
     def _resume_at(self, steps: int) -> None:
         """Numbers this fresh pacer's steps on from `steps`, a checkpoint's count (a second

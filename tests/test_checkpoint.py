@@ -6,6 +6,7 @@ import copy
 import os
 import re
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -231,6 +232,30 @@ def test_a_single_rank_pacer_saves_and_loads_without_a_process_group():
             pacer.state_dict()
     with pytest.raises(RuntimeError, match="copied pacer"):
         copy.deepcopy(pacer).load_state_dict(_saved(world=1))
+
+
+@pytest.mark.parametrize("sites", [2, 3])
+def test_a_checkpoint_of_other_sites_than_the_models_is_warned_about(sites):
+    """Sites are matched by order: a model whose buckets changed (bucket_cap_mb, its layers)
+    took a checkpoint's floors into the wrong buckets without a word. The second step with
+    sites is compared (a DDP model's first has one bucket)."""
+    pacer = Pacer(PaceConfig(mode="pace"))
+    pacer.load_state_dict(_saved(world=1, sites=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(4):
+            for k in range(1 if step == 0 else sites):
+                with pacer.collective(f"bucket{k}"):
+                    pass
+            pacer.step()
+    said = [str(w.message) for w in caught if "checkpoint loaded" in str(w.message)]
+    if sites == 2:
+        assert said == []
+    else:
+        assert said == ["gpupace: the checkpoint loaded holds 2 paced sites and this step has 3: "
+                        "sites are matched by order, so what was learnt at one DDP bucket now "
+                        "paces another (the model, its bucket_cap_mb or its dtypes changed?); "
+                        "start without the checkpoint's pacer state if so"]
 
 
 def _one_rank_steps(pacer: Pacer, n: int) -> list[int | None]:
