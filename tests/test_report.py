@@ -937,3 +937,31 @@ def test_steps_the_ranks_disagreed_on_are_counted_as_unrecorded(tmp_path):
     assert "run.0.jsonl: 10 steps have no record, the last 10 of them (the run went on to " \
            "step 39): steps with no paced collective, or that the ranks disagreed on" in \
            " ".join(run.notes), run.notes
+
+
+def _steps_on(rank, world, out):
+    from gpupace import PaceConfig, Pacer
+
+    with Pacer(PaceConfig(mode="observe", telemetry_path=f"{out}/run.{{rank}}.jsonl")) as pacer:
+        for _ in range(35):
+            with pacer.site("x"):
+                pass
+            pacer.step()
+
+
+def test_a_restart_on_fewer_ranks_leaves_the_earlier_runs_last_files_out(tmp_path):
+    """Three ranks wrote run.0-2.jsonl; a restart on two kept run.0 and run.1 aside (.1) and
+    left run.2.jsonl, which the report read as a run of its own and compared with the
+    restart as if current."""
+    from gpupace.launch import run_ranks
+
+    run_ranks(_steps_on, 3, str(tmp_path), timeout_s=100)
+    run_ranks(_steps_on, 2, str(tmp_path), timeout_s=100)  # each rank warns it kept one
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "run.0.jsonl", "run.0.jsonl.1", "run.1.jsonl", "run.1.jsonl.1", "run.2.jsonl"]
+    (run,) = load_runs([tmp_path])
+    assert run.world_size == 2
+    assert any(n.startswith("left out: run.0.jsonl.1, run.1.jsonl.1, run.2.jsonl, earlier runs "
+                            "kept aside") for n in run.notes), run.notes
+    (earlier,) = load_runs([tmp_path / "run.2.jsonl"])  # named, it is read
+    assert earlier.world_size == 3

@@ -541,6 +541,17 @@ def kept_aside(paths: Sequence[str | os.PathLike], files: Sequence[Path]) -> lis
     return out
 
 
+def _run_ids(files: Sequence[Path]) -> set[str]:
+    """The run ids (a Pacer's header's `run_id`) of telemetry files, those that have one."""
+    ids = set()
+    for f in files:
+        with contextlib.suppress(ValueError, OSError):
+            run_id = read_header(f).get("run_id")
+            if isinstance(run_id, str):
+                ids.add(run_id)
+    return ids
+
+
 def _dotted(folder: Path) -> list[Path]:
     """A folder's files named <name>.jsonl.<suffix>, sorted: runs a restart kept aside (.1,
     .2), and compressed or renamed ones (.gz, .bak), which the folder does not stand for."""
@@ -607,6 +618,9 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     `Run.skipped`."""
     given, listed = expand(paths)
     files, repeats = _once_each(given)
+    aside = kept_aside(paths, given)
+    aside_runs = _run_ids(aside)
+    with_aside: list[str] = []  # a folder's .jsonl files of a run kept aside
     # Grouped by their headers first: of one run's rank files (each holds every rank's rows)
     # only the lowest rank's is read, not all N.
     groups: dict[str, list[list[tuple[Path, dict[str, Any]]]]] = {}  # key -> its runs' files
@@ -625,6 +639,11 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
             header = read_header(path)
         except NotTelemetry as e:
             pass_over(path, e)
+            continue
+        if header.get("run_id") in aside_runs and path.resolve() in listed:
+            # A restart on fewer ranks keeps aside the files of the ranks it has: the earlier
+            # run's higher ranks' files stay, and read as a run of their own, the current one
+            with_aside.append(path.name)
             continue
         # Of the runs this file could belong to, the one started nearest: a shell's run.*
         # lists a restarted job's run.0.jsonl, run.0.jsonl.1, run.1.jsonl, run.1.jsonl.1
@@ -685,7 +704,8 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
         runs.append(run)
     if not runs:
         raise ValueError("no gpupace telemetry among the files given: "
-                         + "; ".join(passed_over))
+                         + "; ".join(passed_over + [f"{name} is of a run kept aside (name it to "
+                                                    "report it)" for name in with_aside]))
     runs[0].notes += [f"passed over: {why}" for why in passed_over]
     named = {f.resolve() for f in given}
     packed = [f.name for d in map(Path, paths) if d.is_dir() for f in _dotted(d)
@@ -693,10 +713,12 @@ def load_runs(paths: Sequence[str | os.PathLike], progress: Progress | None = No
     if packed:  # run.jsonl.gz, .bak: the directory stands for its .jsonl files alone
         runs[0].notes.append(f"left out: {_some(packed)}, not named .jsonl (name one to read "
                              "it; a compressed one, decompressed)")
-    if aside := kept_aside(paths, given):
-        names = _some([p.name for p in aside])
+    if aside:
+        names = _some([p.name for p in aside] + with_aside)
         runs[0].notes.append(f"left out: {names}, earlier runs kept aside when a pacer started "
-                             "again on their path (a restarted job): name them to report them")
+                             "again on their path (a restarted job; of a run kept aside, a rank "
+                             "file not renamed, as a restart on fewer ranks leaves): name them "
+                             "to report them")
     for i, run in enumerate(runs):
         siblings = [r.label for r in runs[:i] if groups_of_one_job(r.header, run.header)]
         if siblings:
