@@ -10,6 +10,7 @@ differs typically comes from a GPUPACE_* variable set on some hosts only.
 from __future__ import annotations
 
 import secrets
+import zlib
 from typing import Any
 
 import numpy as np
@@ -94,3 +95,25 @@ def _show(name: str, value: float) -> str:
     if name == "backend":
         return repr(BACKEND_CODES[int(value)])
     return f"{value:g}"
+
+
+def site_names_differ(names: list[str], group: Any, device: Any, world_size: int) -> str | None:
+    """A warning when the ranks of `group` name as many paced sites this step otherwise than
+    rank 0 does (each rank's count and names as a crc32, one all_gather: a collective, every
+    rank calls it at the same step), None when they agree or their counts differ (which the
+    step's exchange warns about). Sites are matched by order: ranks that pace
+    different collectives, as many of them, compare one collective's arrival with another's
+    without a word (a review's run read as "locality, likely")."""
+    mine = [len(names), zlib.crc32("\0".join(names).encode())]
+    h = torch.tensor(mine, dtype=torch.int64, device=device)
+    out = [torch.empty_like(h) for _ in range(world_size)]
+    dist.all_gather(out, h, group=group)
+    counts, hashes = torch.stack(out).cpu().numpy().T
+    odd = np.flatnonzero(hashes != hashes[0])
+    if not odd.size or (counts != counts[0]).any():  # other counts: the step says so itself
+        return None
+    shown = ", ".join(str(r) for r in odd[:8]) + (" ..." if odd.size > 8 else "")
+    return (f"gpupace: rank(s) {shown} named their paced sites otherwise than rank 0 in this "
+            f"step (this rank's: {names[:8]}{' ...' if len(names) > 8 else ''}): every rank "
+            "must pace the same collectives in the same order, or the spread compares one "
+            "collective's arrivals with another's")

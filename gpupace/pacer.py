@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Joinable, JoinHook
 
 from . import checkpoint
-from .agree import check_ranks_agree, new_run_id
+from .agree import check_ranks_agree, new_run_id, site_names_differ
 from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
 from .backends.host import HostEngine
 from .config import PaceConfig, fill_rank, per_rank_path
@@ -53,6 +53,9 @@ from .warn import warn
 MISSING_STEP_FACTOR = 4
 # Steps with no paced collective at all after which the pacer warns (attach() forgotten).
 IDLE_STEPS = 10
+# The own step whose site names the ranks compare, once (a DDP model's first step has one
+# bucket, its second all of them)
+NAMES_STEP = 2
 
 
 class Pacer(Joinable):
@@ -359,6 +362,8 @@ class Pacer(Joinable):
         self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
+        if own_steps == NAMES_STEP:
+            self._compare_site_names()
         try:
             record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         except BaseException as e:  # a peer gone (ExchangeError), Ctrl-C in the all_gather
@@ -514,6 +519,17 @@ class Pacer(Joinable):
             self._resume_at(steps)
         elif self.steps > 0:  # its own count goes on, with the warm-up again from here
             self._rewarms.append(range(self.steps, self.steps + self.config.warmup_steps))
+
+    def _compare_site_names(self) -> None:
+        """Every rank at the same step (a collective): warns when the ranks' paced sites
+        have other names. Not inside a CUDA-graph capture, which every rank skips alike."""
+        if self.world_size == 1 or self._alone:
+            return
+        if self.backend == "device" and torch.cuda.is_current_stream_capturing():
+            return
+        if why := site_names_differ(self.site_names, self.join_process_group,
+                                    self.join_device, self.world_size):
+            self._warn_once("site_names", why)
 
     def _check_loaded_sites(self) -> None:
         saved, wait = self._loaded_sites

@@ -1012,6 +1012,31 @@ def test_a_pause_between_steps_is_not_a_slow_step():
                 assert all(v > 250e3 for v in times[3]) and worst > 250e3, (times, worst)
 
 
+def _other_sites(rank, world, same):
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    a, b = torch.ones(16), torch.ones(4096)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):  # each rank paces one of the two all_reduces
+            with pacer.site("grads" if rank == 0 or same else "metrics"):
+                dist.all_reduce(a)
+            dist.all_reduce(b)
+            pacer.step()
+    return [str(w.message) for w in caught]
+
+
+def test_ranks_that_pace_different_collectives_are_told():
+    """As many sites on each rank, but not the same collectives: nothing said it, and the
+    spread compared one collective's arrivals with another's."""
+    for rank, warned in enumerate(run_ranks(_other_sites, 2, False, timeout_s=100)):
+        names = "['grads']" if rank == 0 else "['metrics']"
+        assert warned == [f"gpupace: rank(s) 1 named their paced sites otherwise than rank 0 in "
+                          f"this step (this rank's: {names}): every rank must pace the same "
+                          "collectives in the same order, or the spread compares one "
+                          "collective's arrivals with another's"], warned
+    assert run_ranks(_other_sites, 2, True, timeout_s=100) == [[], []]
+
+
 def test_a_step_after_one_without_sites_has_no_step_time_spanning_both():
     """Step time is the exit-to-exit interval of the first site: after a step with none (or
     one the ranks disagreed on) it would span two steps, a straggler step to the report."""
