@@ -630,7 +630,9 @@ def phase_command(name: str, path: Path, deadline_s: float) -> list[str]:
 
 def run_phase_here(name: str, path: Path, deadline_s: float) -> int:
     """The process `run_phase` starts: runs one microbenchmark, its figures kept in `path`."""
-    faulthandler.dump_traceback_later(deadline_s, exit=True)
+    # Stacks into the log before the kill, which ends it (exit=True would end it first, with an
+    # exit code that does not say it hung)
+    faulthandler.dump_traceback_later(deadline_s)
     fig = KeptFigures(path)
     try:
         PHASES[name](fig)
@@ -696,6 +698,12 @@ def _finite(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _num(v: Any, digits: int = 2) -> str:
+    """A figure for the tables: "-" where there is none (a quantile of no sample is NaN,
+    read back from a phase's strict JSON as null)."""
+    return f"{v:.{digits}f}" if _finite(v) else "-"
+
+
 def markdown(res: dict[str, Any]) -> str:
     m, fig = res["machine"], res["figures"]
     lines = [f"# gpupace device check, {m['gpu']}, {m['date']}", "", "| | |", "|---|---|"]
@@ -751,8 +759,8 @@ def markdown(res: dict[str, Any]) -> str:
     for k, v in fig.get("overhead", {}).items():
         q = v["per_collective_us"]
         lines.append(
-            f"| {k} | {q['p20']:.2f} | {q['p50']:.2f} | {q['p80']:.2f} | "
-            f"{v['plain_step_us']['p50']:.2f} | {v['paced_step_us']['p50']:.2f} |"
+            f"| {k} | {_num(q['p20'])} | {_num(q['p50'])} | {_num(q['p80'])} | "
+            f"{_num(v['plain_step_us']['p50'])} | {_num(v['paced_step_us']['p50'])} |"
         )
     sp, ev = fig.get("spin_error_us"), fig.get("spin_error_events_us")
     if sp or ev:
@@ -762,7 +770,7 @@ def markdown(res: dict[str, Any]) -> str:
                                               **(ev or {}).get("by_delay", {})}}}
 
         def cells(q: dict | None) -> str:
-            return f"{q['p50']:.3f} | {q['p99']:.3f}" if q else "- | -"
+            return f"{_num(q['p50'], 3)} | {_num(q['p99'], 3)}" if q else "- | -"
 
         lines += [
             "",

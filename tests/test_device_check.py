@@ -206,14 +206,18 @@ def test_overhead_verdicts_name_their_cases_and_pass_only_in_full():
 
 
 def _stand_in_phase(dc, monkeypatch, body: str | dict[str, str]) -> None:
-    """`run_phase` starts this code (or, from a dict, the phase's), in place of a
-    microbenchmark, with `fig` writing its figures where the check reads them."""
+    """`run_phase` starts the phase's process as it does, its microbenchmark's body stood in
+    for by this code (or, from a dict, the phase's), which writes its figures into `fig`."""
+    import textwrap
+
     def command(name, path, deadline):
         code = ("import importlib.util, sys, time, os\n"
                 f"spec = importlib.util.spec_from_file_location('dc', {str(SCRIPT)!r})\n"
                 "dc = importlib.util.module_from_spec(spec); spec.loader.exec_module(dc)\n"
-                "fig = dc.KeptFigures(dc.Path(sys.argv[1]))\n"
-                + (body[name] if isinstance(body, dict) else body))
+                "def body(fig):\n"
+                + textwrap.indent(body[name] if isinstance(body, dict) else body, "    ")
+                + f"\ndc.PHASES[{name!r}] = body\n"
+                f"os._exit(dc.run_phase_here({name!r}, dc.Path(sys.argv[1]), {deadline}))\n")
         return [sys.executable, "-c", code, str(path)]
     monkeypatch.setattr(dc, "phase_command", command)
 
@@ -228,17 +232,21 @@ def test_a_phase_that_hangs_or_aborts_keeps_what_it_measured_and_says_how_it_end
     first = {"overhead": {"eager_1_sites": {"per_collective_us": {"p50": 1.0}}}}
     _stand_in_phase(dc, monkeypatch, "fig['overhead'] = {'tail_graph_eager_1_sites': 2.0}\n"
                                      "print('measured', flush=True); time.sleep(60)\n")
-    error = dc.run_phase("tail_graph", first, log, 4.0)
-    assert error.startswith("killed at its deadline of 4 s"), error
+    error = dc.run_phase("tail_graph", first, log, 8.0)
+    assert error.startswith("killed at its deadline of 8 s"), error
     assert first["overhead"] == {"eager_1_sites": {"per_collective_us": {"p50": 1.0}},
                                  "tail_graph_eager_1_sites": 2.0}
     assert "measured" in log.read_text()
+    assert "Timeout (0:00:03)!" in log.read_text()  # its own watchdog's stacks, before the kill
     fig: dict = {}
     _stand_in_phase(dc, monkeypatch, "fig['timer_tick_ns'] = 32.0\nos.abort()\n")
     error = dc.run_phase("tick_and_spin", fig, log, 60.0)
     assert error.startswith("ended by SIGABRT") and fig == {"timer_tick_ns": 32.0}, error
     _stand_in_phase(dc, monkeypatch, "fig['x'] = float('nan')\n")
     assert dc.run_phase("syncs", fig, log, 60.0) is None and fig["x"] is None  # strict JSON
+    _stand_in_phase(dc, monkeypatch, "raise RuntimeError('CUDA error: an illegal address')\n")
+    error = dc.run_phase("syncs", fig, log, 60.0)
+    assert error == "RuntimeError: CUDA error: an illegal address", error
 
 
 def test_a_phase_process_records_its_error(tmp_path):
@@ -346,10 +354,12 @@ def test_the_check_goes_on_past_a_hung_phase_and_writes_every_figure(tmp_path, m
     dc = load()
     q = {"p20": 1.0, "p50": 2.0, "p80": 3.0, "p99": 4.0, "n": 9}
     row = {"per_collective_us": q, "plain_step_us": q, "paced_step_us": q}
+    # a quantile of no sample is NaN, read back from the phase's strict JSON as null
+    nan_row = str({k: {**q, "p20": float("nan")} for k in row}).replace("nan", "float('nan')")
     bodies = {"tick_and_spin": "fig['timer_tick_ns'] = 32.0\n",
               "overhead": f"fig['overhead'] = {{'eager_1_sites': {row}}}\ntime.sleep(60)\n",
               "syncs": "fig['host_syncs_per_step'] = 0.0\n",
-              "tail_graph": f"fig['overhead'] = {{'tail_graph_eager_1_sites': {row}}}\n"}
+              "tail_graph": f"fig['overhead'] = {{'tail_graph_eager_1_sites': {nan_row}}}\n"}
     _stand_in_phase(dc, monkeypatch, bodies)
     monkeypatch.setattr(dc, "PHASE_LIMIT_S", 4.0)
     for name, value in (("gpu_missing", None), ("ensure_installed", False),
@@ -374,7 +384,8 @@ def test_the_check_goes_on_past_a_hung_phase_and_writes_every_figure(tmp_path, m
                                                "stacks are in the log)"}
     assert res["figures"] == {"host_policy": "ran", "timer_tick_ns": 32.0,
                               "host_syncs_per_step": 0.0,
-                              "overhead": {"eager_1_sites": row,
-                                           "tail_graph_eager_1_sites": row}}
+                              "overhead": {"eager_1_sites": row, "tail_graph_eager_1_sites": {
+                                  k: {**q, "p20": None} for k in row}}}
     assert res["verdicts"]["eager_overhead_us"].startswith("not measured in full")
-    assert "INCOMPLETE" not in (tmp_path / "2026-01-01-test-gpu.md").read_text()
+    text = (tmp_path / "2026-01-01-test-gpu.md").read_text()
+    assert "INCOMPLETE" not in text and "| tail_graph_eager_1_sites | - | 2.00 |" in text
