@@ -206,6 +206,13 @@ def _start_and_collect(procs: list, results, timeout_s: float) -> list[Any]:
         for p in procs:
             p.join(timeout=max(1.0, deadline - _now()))
     finally:
+        # A rank that reported is on its way out: its finalizers write what its telemetry
+        # writer still holds, and the file's end line (killed at once, it lost them). The
+        # others are killed at once (they had FAILURE_GRACE_S in `_failure`).
+        grace = _now() + FAILURE_GRACE_S
+        for r, p in enumerate(procs):
+            if r in out or r in failed:
+                p.join(timeout=max(0.0, grace - _now()))
         for p in procs:
             if p.is_alive():
                 p.kill()

@@ -34,7 +34,13 @@ from torch.distributed.algorithms.join import Joinable, JoinHook
 
 from . import checkpoint
 from .agree import check_ranks_agree, new_run_id, site_names_differ
-from .backends import BACKENDS, cuda_device, device_backend_missing, group_backend
+from .backends import (
+    BACKENDS,
+    cuda_device,
+    device_backend_missing,
+    exchange_error,
+    group_backend,
+)
 from .backends.host import HostEngine
 from .config import PaceConfig, fill_rank, per_rank_path
 from .summary import Summary, summarize
@@ -43,6 +49,7 @@ from .telemetry import (
     Ring,
     StepRecord,
     TelemetryWriter,
+    failure_of,
     make_header,
     names_a_folder,
     ring_capacity,
@@ -154,7 +161,10 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
-        self._models: weakref.WeakSet = weakref.WeakSet()  # the DDP models attach() took
+        # The DDP models attach() took, each with the Join config it had when last looked at
+        # (a Join replaces its joinables' configs, and never puts them back)
+        self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._own_join_seen = self._join_config
         self._loaded_sites: tuple[int, int] | None = None  # (saved sites, steps to wait)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
@@ -320,13 +330,8 @@ class Pacer(Joinable):
             raise ValueError("pass the pacer to Join after the DDP model, Join([ddp_model, "
                              "pacer]): a rank that ran out of inputs must shadow the model's "
                              "gradient all-reduces before the pacer's step")
-        if self._models and not self._join_config.enable and any(
-                m._join_config.enable for m in self._models):
-            # The ranks that ran out of inputs would not shadow this step(): the others'
-            # all_gather waits for them until the process group's timeout (30 min on gloo).
-            raise ValueError("the DDP model this pacer paces is in a Join without the pacer: "
-                             "pass both, Join([ddp_model, pacer]), so that a rank that ran out "
-                             "of inputs also shadows pacer.step()")
+        if self._models:
+            self._check_join()
         if self._open_blocks:
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
@@ -362,12 +367,12 @@ class Pacer(Joinable):
         self._sites_most = max(self._sites_most, self._sites_this_step)
         self._sites_last_step, self._sites_this_step = self._sites_this_step, 0
         self.site_names, self._names_this_step = self._names_this_step, []
-        if own_steps == NAMES_STEP:
-            self._compare_site_names()
         try:
+            if own_steps == NAMES_STEP:
+                self._compare_site_names()
             record = self._engine.end_step(self.steps - 1, time.perf_counter() - self._t0)
         except BaseException as e:  # a peer gone (ExchangeError), Ctrl-C in the all_gather
-            self._end["how"] = f"error: {type(e).__name__}"
+            self._end["how"] = failure_of(e) or self._end["how"]
             raise
         self._end["steps"] = self.steps  # steps completed
         if self._end["how"].startswith("error"):  # a paced block's, caught: the run went on
@@ -520,6 +525,22 @@ class Pacer(Joinable):
         elif self.steps > 0:  # its own count goes on, with the warm-up again from here
             self._rewarms.append(range(self.steps, self.steps + self.config.warmup_steps))
 
+    def _check_join(self) -> None:
+        """Refuses the first step after a Join took a model this pacer paces and not the
+        pacer: its ranks that ran out of inputs would not shadow this step(), and the others'
+        all_gather waited for them until the process group's timeout (30 min on gloo)."""
+        own_joined = self._join_config is not self._own_join_seen and self._join_config.enable
+        self._own_join_seen = self._join_config
+        for model, seen in list(self._models.items()):
+            config = model._join_config
+            if config is seen:
+                continue
+            self._models[model] = config
+            if config.enable and not own_joined:
+                raise ValueError("the DDP model this pacer paces is in a Join without the "
+                                 "pacer: pass both, Join([ddp_model, pacer]), so that a rank "
+                                 "that ran out of inputs also shadows pacer.step()")
+
     def _compare_site_names(self) -> None:
         """Every rank at the same step (a collective): warns when the ranks' paced sites
         have other names. Not inside a CUDA-graph capture, which every rank skips alike."""
@@ -527,8 +548,12 @@ class Pacer(Joinable):
             return
         if self.backend == "device" and torch.cuda.is_current_stream_capturing():
             return
-        if why := site_names_differ(self.site_names, self.join_process_group,
-                                    self.join_device, self.world_size):
+        try:
+            why = site_names_differ(self.site_names, self.join_process_group,
+                                    self.join_device, self.world_size)
+        except RuntimeError as e:  # a peer gone: as the step's own exchange says it
+            raise exchange_error(e) from e
+        if why:
             self._warn_once("site_names", why)
 
     def _check_loaded_sites(self) -> None:
@@ -537,7 +562,8 @@ class Pacer(Joinable):
             self._loaded_sites = (saved, wait - 1)
             return
         self._loaded_sites = None
-        if self._sites_this_step != saved:
+        cap = self.config.max_sites  # the state holds at most max_sites sites, a step more
+        if min(self._sites_this_step, cap) != min(saved, cap):
             self._warn_once("loaded_sites", f"gpupace: the checkpoint loaded holds {saved} "
                             f"paced sites and this step has {self._sites_this_step}: sites are "
                             "matched by order, so what was learnt at one DDP bucket now paces "
@@ -626,7 +652,7 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
         self._hooked = True
-        self._models.add(target)
+        self._models[target] = target._join_config
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (`copy.deepcopy`, `pickle`, `torch.save` of a DDP model whose comm hook this
@@ -665,8 +691,8 @@ class Pacer(Joinable):
     def __enter__(self) -> Pacer:
         return self
 
-    def __exit__(self, exc_type, *exc) -> None:
-        self._close(f"error: {exc_type.__name__}" if exc_type is not None else "closed")
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._close(failure_of(exc) or "closed")
 
 
 class _Paced:
@@ -701,7 +727,7 @@ class _Paced:
     def __exit__(self, *exc: Any) -> bool | None:
         self._pacer._open_blocks -= 1
         if exc[0] is not None:  # the telemetry's end line says so, unless the run goes on
-            self._pacer._end["how"] = f"error: {exc[0].__name__}"
+            self._pacer._end["how"] = failure_of(exc[1]) or self._pacer._end["how"]
         try:
             if not self._async:
                 self._engine.leave(self._ticket)

@@ -202,6 +202,27 @@ def first_measured_step(header: dict[str, Any]) -> int:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0
 
 
+def failure_of(exc: BaseException | None) -> str | None:
+    """An end line's `how` for a run ended by `exc`: "error: <its type>"; None for none, or for
+    sys.exit() with status 0, which is a clean end."""
+    if exc is None or isinstance(exc, SystemExit) and exc.code in (0, None):
+        return None
+    if isinstance(exc, SystemExit) and exc.__context__ is not None:
+        return failure_of(exc.__context__)  # the error a handler turned into an exit status
+    return f"error: {type(exc).__name__}"
+
+
+def _uncaught() -> BaseException | None:
+    """The exception a script's interpreter is exiting on (its traceback was printed, which
+    sets sys.last_value), outside an interactive session or a test run, where sys.last_value
+    is whatever traceback was shown last. (A multiprocessing child's finalizers run while its
+    exception is handled: sys.exc_info() has that one.)"""
+    if hasattr(sys, "ps1") or sys.flags.interactive or "IPython" in sys.modules \
+            or "pytest" in sys.modules:
+        return None
+    return getattr(sys, "last_value", None)
+
+
 # The fields of a file's end line (`TelemetryWriter`'s `end`): the steps its owner ran, how
 # it ended, and what the writer wrote and dropped.
 END_FIELDS = ("gpupace", "steps", "how", "records", "dropped")
@@ -521,9 +542,8 @@ class TelemetryWriter:
         an exception the process exits on (an uncaught one sets sys.last_value) where the
         owner saw none."""
         end = dict(self.end)
-        exiting_on = getattr(sys, "last_value", None)
-        if end.get("how", "exit") == "exit" and exiting_on is not None:
-            end["how"] = f"error: {type(exiting_on).__name__}"
+        if end.get("how", "exit") == "exit":
+            end["how"] = failure_of(sys.exc_info()[1] or _uncaught()) or "exit"
         end.update(records=self.written, dropped=self.dropped)
         with self._lock:
             if self._file is not None:

@@ -462,6 +462,48 @@ def test_a_model_in_join_without_its_pacer_is_refused_at_the_first_step():
     assert time.monotonic() - t0 < 25
 
 
+def _join_before_attach(rank, world):
+    """Uneven batches under Join([ddp]) (no pacer yet), then a pacer attached and plain steps:
+    torch leaves the model's Join config enabled for good."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(8, 8))
+    with Join([ddp]):
+        for _ in range(2 + rank):
+            ddp(torch.randn(4, 8)).sum().backward()
+    pacer = Pacer(PaceConfig(mode="observe"))
+    pacer.attach(ddp)
+    for _ in range(3):
+        ddp(torch.randn(4, 8)).sum().backward()
+        pacer.step()
+    return pacer.steps
+
+
+def test_a_join_that_ended_before_attach_is_not_refused():
+    assert run_ranks(_join_before_attach, 2, collective_timeout_s=30) == [3, 3]
+
+
+def _dies_before_its_second_step(rank, world):
+    import signal
+
+    pacer = Pacer(PaceConfig(mode="observe"))
+    t = torch.ones(8)
+    for k in range(3):
+        pacer.all_reduce(t)
+        if k == 1 and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        pacer.step()
+
+
+def test_a_peer_gone_at_the_site_name_check_reads_as_the_exchange_does():
+    """The second step's site-name all_gather is the first collective a dead peer fails:
+    gloo's bare 'Connection reset by peer' came out of it."""
+    with pytest.raises(RuntimeError, match="ExchangeError: gpupace: pacer.step\\(\\) is a "
+                                           "collective .* another rank died"):
+        run_ranks(_dies_before_its_second_step, 2, collective_timeout_s=20, timeout_s=100)
+
+
 def _attach_fsdp(rank, world):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 

@@ -965,3 +965,25 @@ def test_a_restart_on_fewer_ranks_leaves_the_earlier_runs_last_files_out(tmp_pat
                             "kept aside") for n in run.notes), run.notes
     (earlier,) = load_runs([tmp_path / "run.2.jsonl"])  # named, it is read
     assert earlier.world_size == 3
+
+
+def test_records_the_writer_dropped_at_the_end_are_its_not_the_ranks(tmp_path, monkeypatch):
+    """The writer fell behind for the last 20 steps and dropped them: counted in the end line
+    alone, they were blamed on the ranks ("steps ... that the ranks disagreed on")."""
+    from gpupace import PaceConfig, Pacer, telemetry
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0,
+                             telemetry_path=str(tmp_path / "run.jsonl")))
+    for k in range(60):
+        if k == 40:
+            monkeypatch.setattr(telemetry, "BACKLOG_LIMIT_MB", -1)  # every record past it
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    with pytest.warns(RuntimeWarning, match="dropped the last 20 records"):
+        pacer.close()
+    (run,) = load_runs([tmp_path / "run.jsonl"])
+    assert run.steps == 40
+    assert "run.jsonl: the writer dropped its last 20 records, falling behind the steps" in \
+        run.notes, run.notes
+    assert not any("no record" in n for n in run.notes), run.notes

@@ -698,16 +698,32 @@ if sys.argv[2] == "raise":
 """
 
 
-@pytest.mark.parametrize("how", ["close", "with", "exit", "raise"])
-def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
-    """The end line tells a finished run from one cut short (a file without it) and says how
-    it ended: closed, an exception out of `with Pacer(...)`, the interpreter's exit without
-    close(), or an uncaught exception there."""
+def _steps_then(rank, world, path, end):
     from gpupace import PaceConfig, Pacer
 
+    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=path))
+    for _ in range(3):
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    if end == "raise":
+        raise ValueError("the rank's own error")
+    sys.exit(0)
+
+
+@pytest.mark.parametrize("how", ["close", "with", "sys.exit(0)", "exit", "raise",
+                                 "rank raise", "rank sys.exit(0)"])
+def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
+    """The end line tells a finished run from one cut short (a file without it) and says how
+    it ended: closed, an exception out of `with Pacer(...)` (sys.exit(0) is no error), the
+    interpreter's exit without close(), or an uncaught exception there, in a script or in a
+    spawned rank (whose exception its finalizers see while it is handled)."""
+    from gpupace import PaceConfig, Pacer
+    from gpupace.launch import run_ranks
+
     path = tmp_path / "t.jsonl"
-    if how in ("close", "with"):
-        with contextlib.suppress(ValueError), \
+    if how in ("close", "with", "sys.exit(0)"):
+        with contextlib.suppress(ValueError, SystemExit), \
                 Pacer(PaceConfig(mode="observe", telemetry_path=str(path))) as pacer:
             for _ in range(3):
                 with pacer.site("x"):
@@ -715,12 +731,18 @@ def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
                 pacer.step()
             if how == "with":
                 raise ValueError("out of the block")
+            if how == "sys.exit(0)":
+                sys.exit(0)
+    elif how.startswith("rank"):
+        with contextlib.suppress(RuntimeError):  # run_ranks names the rank that failed
+            run_ranks(_steps_then, 1, str(path), how.split()[1], timeout_s=100)
     else:
         subprocess.run([sys.executable, "-c", _ENDING, str(path), how], timeout=120,
                        capture_output=True, cwd=Path(__file__).resolve().parent.parent)
     tel = read_telemetry(path)
-    want = {"close": "closed", "with": "error: ValueError", "exit": "exit",
-            "raise": "error: ZeroDivisionError"}[how]
+    want = {"close": "closed", "with": "error: ValueError", "sys.exit(0)": "closed",
+            "exit": "exit", "raise": "error: ZeroDivisionError",
+            "rank raise": "error: ValueError", "rank sys.exit(0)": "exit"}[how]
     assert tel.end == {"gpupace": "end", "steps": 3, "how": want, "records": 3, "dropped": 0}
     assert tuple(tel.end) == END_FIELDS
     assert tel.header["end_mark"] is True and not tel.skipped and len(tel.records) == 3

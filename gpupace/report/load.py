@@ -253,13 +253,22 @@ def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run
                      + (f" after {steps} steps" if isinstance(steps, int) else ""))
     gap = run.record_gap
     inside = int(np.maximum(np.diff(run.step) - gap, 0).sum()) - dropped * gap
-    after = steps - 1 - last - (gap - 1) if isinstance(steps, int) else 0
+    # Records the writer dropped after its last written one are counted in the end line alone
+    late_drops = end.get("dropped", 0) - dropped if isinstance(end.get("dropped"), int) else 0
+    if late_drops > 0:
+        notes.append(f"{name}: the writer dropped its last {late_drops} records, falling "
+                     "behind the steps")
+    after = (steps - 1 - last - (gap - 1) - max(late_drops, 0) * gap
+             if isinstance(steps, int) else 0)
     if inside > 0 or after > 0:
+        unclosed = how == "exit" and header.get("pacer_backend") == "device"
         notes.append(f"{name}: {max(inside, 0) + max(after, 0)} steps have no record"
                      + (f", the last {after} of them (the run went on to step {steps - 1})"
                         if after > 0 else "")
                      + ": steps with no paced collective, or that the ranks disagreed on "
-                     "(the ranks' warnings say when)")
+                     "(the ranks' warnings say when)"
+                     + ("; or records still on the GPU when the process exited without "
+                        "pacer.close()" if unclosed and after > 0 else ""))
     return notes
 
 
