@@ -698,14 +698,18 @@ if sys.argv[2] == "raise":
 """
 
 
-def _steps_then(rank, world, path, end):
-    from gpupace import PaceConfig, Pacer
-
-    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=path))
+def _three_steps(pacer) -> None:
     for _ in range(3):
         with pacer.site("x"):
             pass
         pacer.step()
+
+
+def _steps_then(rank, world, path, end):
+    from gpupace import PaceConfig, Pacer
+
+    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=path))  # alive to the end
+    _three_steps(pacer)
     if end == "raise":
         raise ValueError("the rank's own error")
     sys.exit(0)
@@ -725,10 +729,7 @@ def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
     if how in ("close", "with", "sys.exit(0)"):
         with contextlib.suppress(ValueError, SystemExit), \
                 Pacer(PaceConfig(mode="observe", telemetry_path=str(path))) as pacer:
-            for _ in range(3):
-                with pacer.site("x"):
-                    pass
-                pacer.step()
+            _three_steps(pacer)
             if how == "with":
                 raise ValueError("out of the block")
             if how == "sys.exit(0)":
