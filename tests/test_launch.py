@@ -35,6 +35,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -103,8 +107,11 @@ def test_ctrl_c_while_the_ranks_import_is_the_callers_alone(tmp_path):
     script.write_text(CTRL_C_SCRIPT)
     pids = tmp_path / "pids"
     pids.mkdir()
+    # Ctrl-C as a terminal delivers it: with SIGINT at its default, which a harness started in
+    # the background without job control has not (its shell ignores SIGINT, inherited here)
     parent = subprocess.Popen([sys.executable, str(script), str(pids)],
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 60
         while len(list(pids.iterdir())) < 2:
@@ -128,11 +135,16 @@ def test_a_ctrl_c_while_the_ranks_start_is_raised_after_not_lost():
     """Ignoring SIGINT while the ranks started (their inherited disposition) lost a Ctrl-C that
     came meanwhile: the run went on. Blocked, it waits and is raised on leaving the block."""
     reached = False
-    with pytest.raises(KeyboardInterrupt):
-        with launch._ctrl_c_to_caller():
-            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
-            time.sleep(0.05)
-            reached = True
+    # Python's handler, whatever this harness inherited (a background job ignores SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with launch._ctrl_c_to_caller():
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+                time.sleep(0.05)
+                reached = True
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert reached, "raised while blocked"
 
 
