@@ -46,6 +46,11 @@ def failed_ranks(rows: np.ndarray) -> list[int]:
     return np.flatnonzero(np.isnan(rows).all(axis=1)).tolist()
 
 
+def _first_ranks(ranks) -> str:
+    """The first 8 of `ranks`, comma-separated, and " ..." where there are more."""
+    return ", ".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")
+
+
 def disagreements(rows: np.ndarray) -> list[str]:
     """One line per setting on which the gathered rows [N, len(SHARED) + 2] differ from
     rank 0's: the value there and on which ranks it differs."""
@@ -54,9 +59,8 @@ def disagreements(rows: np.ndarray) -> list[str]:
     for j, name in enumerate(names):
         odd = np.flatnonzero(rows[:, j] != rows[0, j])
         if odd.size:
-            shown = ", ".join(str(r) for r in odd[:8]) + (" ..." if odd.size > 8 else "")
             out.append(f"{name}: {_show(name, rows[0, j])} on rank 0, "
-                       f"{_show(name, rows[odd[0], j])} on rank(s) {shown}")
+                       f"{_show(name, rows[odd[0], j])} on rank(s) {_first_ranks(odd)}")
     return out
 
 
@@ -77,8 +81,7 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
     if config is None:
         return 0
     if failed := failed_ranks(gathered):
-        raise ValueError(f"gpupace: rank(s) {', '.join(map(str, failed[:8]))}"
-                         f"{' ...' if len(failed) > 8 else ''} could not build their Pacer "
+        raise ValueError(f"gpupace: rank(s) {_first_ranks(failed)} could not build their Pacer "
                          "(their error says why: a GPUPACE_* variable set on some hosts "
                          "only?), so no rank paces")
     lines = disagreements(gathered)
@@ -112,8 +115,7 @@ def site_names_differ(names: list[str], group: Any, device: Any, world_size: int
     odd = np.flatnonzero(hashes != hashes[0])
     if not odd.size or (counts != counts[0]).any():  # other counts: the step says so itself
         return None
-    shown = ", ".join(str(r) for r in odd[:8]) + (" ..." if odd.size > 8 else "")
-    return (f"gpupace: rank(s) {shown} named their paced sites otherwise than rank 0 in this "
+    return (f"gpupace: rank(s) {_first_ranks(odd)} named their paced sites otherwise than rank 0 in this "
             f"step (this rank's: {names[:8]}{' ...' if len(names) > 8 else ''}): every rank "
             "must pace the same collectives in the same order, or the spread compares one "
             "collective's arrivals with another's")

@@ -318,11 +318,16 @@ def _unended(run: Run, files: Sequence[tuple[Path, dict[str, Any]]],
              tails: dict[Path, tuple[int, dict[str, Any] | None]]) -> list[str]:
     """The note on the run's other rank files that were cut short (no end line where the
     header promised one) or ended on an error: which rank died, and when."""
-    cut = [f"{p.name} (after step {tails[p][0]})" for p, h in files
-           if h.get("end_mark") and p in tails and tails[p][1] is None]
-    failed = [f"{p.name} ({str(tails[p][1].get('how')).removeprefix('error: ')})"
-              for p, h in files if h.get("end_mark") and p in tails and tails[p][1] is not None
-              and str(tails[p][1].get("how", "")).startswith("error")]
+    cut, failed = [], []
+    for p, h in files:
+        if not h.get("end_mark") or p not in tails:  # no end line due, or its tail not read
+            continue
+        last, end = tails[p]
+        how = str(end.get("how", "")) if end is not None else ""
+        if end is None:
+            cut.append(f"{p.name} (after step {last})")
+        elif how.startswith("error"):
+            failed.append(f"{p.name} ({how.removeprefix('error: ')})")
     notes = []
     if cut:
         notes.append(f"no end mark in {_some(cut)}: those ranks' writers stopped there (killed "
