@@ -161,6 +161,7 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
+        self._attached = 0  # models attached: the second one's sites are "model1.bucket{i}"
         # The DDP models attach() took, each with the Join config it had when last looked at
         # (a Join replaces its joinables' configs, and never puts them back)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -611,7 +612,8 @@ class Pacer(Joinable):
         `Pacer(..., group=ddp_model.process_group)`, or its gradients would be averaged with
         other shards'. The hook refuses to run unless registered here, where that is checked.
         With `mode="off"` it registers nothing, `hook` neither: DDP reduces as it would without
-        gpupace."""
+        gpupace. One pacer may pace several models (a GAN's two): the first one's sites are
+        "bucket{i}", the second's "model1.bucket{i}", and so on."""
         from .integrations.ddp import Attached, ddp_comm_hook
         if hook is not None and not callable(hook):
             raise TypeError(f"attach(hook=...) takes a comm hook, a function (state, bucket) -> "
@@ -643,8 +645,9 @@ class Pacer(Joinable):
                     f"the wrong ranks")
         if not self.enabled:
             return
+        prefix = f"model{self._attached}." if self._attached else ""
         try:
-            target.register_comm_hook(Attached(self), hook or ddp_comm_hook)
+            target.register_comm_hook(Attached(self, prefix), hook or ddp_comm_hook)
         except RuntimeError as e:
             if "only be called once" not in str(e):
                 raise
@@ -652,6 +655,7 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
         self._hooked = True
+        self._attached += 1
         self._models[target] = target._join_config
 
     def __getstate__(self) -> dict[str, Any]:

@@ -539,6 +539,25 @@ def test_attach_takes_a_compiled_ddp_model():
         assert names == ["bucket0"]
 
 
+def _attach_two(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    generator, critic = DDP(torch.nn.Linear(8, 8)), DDP(torch.nn.Linear(8, 1))
+    pacer.attach(generator)
+    pacer.attach(critic)
+    for _ in range(3):
+        critic(generator(torch.randn(4, 8))).sum().backward()
+        pacer.step()
+    return pacer.site_names
+
+
+def test_one_pacer_tells_two_models_buckets_apart():
+    """Both models' buckets were named bucket{i}: the report merged a GAN's two models."""
+    for names in run_ranks(_attach_two, 2, timeout_s=200):
+        assert sorted(names) == ["bucket0", "model1.bucket0"]
+
+
 def test_a_pacer_not_attached_to_the_model_steps_under_join_too():
     """A model with a comm hook of its own (fp16 compression) cannot take attach(): its pacer
     paces nothing, yet steps with the others; the joined rank steps every pass (it had no site

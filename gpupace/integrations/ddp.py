@@ -34,10 +34,12 @@ class Attached:
     """The hook's state as `Pacer.attach` registers it on one model: its pacer, checked
     against that model's process group. A bucket tells nothing of the group, so the hook
     refuses a pacer registered by hand (one attached to another model included), which
-    averaged a subgroup model's gradients over the whole world without a word."""
+    averaged a subgroup model's gradients over the whole world without a word. `prefix` names
+    the model in its sites' names: "" for the pacer's first model ("bucket0"), "model1." for
+    its second ("model1.bucket0": a GAN's two models' buckets told apart in the report)."""
 
-    def __init__(self, pacer: Pacer):
-        self.pacer = pacer
+    def __init__(self, pacer: Pacer, prefix: str = ""):
+        self.pacer, self.prefix = pacer, prefix
 
 
 def ddp_comm_hook(state: Attached, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -53,7 +55,7 @@ def ddp_comm_hook(state: Attached, bucket: dist.GradBucket) -> torch.futures.Fut
         tensor.div_(pacer.world_size)
     else:
         tensor.mul_(1.0 / pacer.world_size)
-    with pacer.collective(f"bucket{bucket.index()}", async_op=True) as issued:
+    with pacer.collective(f"{state.prefix}bucket{bucket.index()}", async_op=True) as issued:
         work = dist.all_reduce(tensor, group=pacer.group, async_op=True)
         issued(work)
     return work.get_future().then(lambda fut: fut.value()[0])
