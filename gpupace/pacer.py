@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import multiprocessing.util
 import numbers
 import os
 import time
@@ -63,6 +64,9 @@ IDLE_STEPS = 10
 # The own step whose site names the ranks compare, once (a DDP model's first step has one
 # bucket, its second all of them)
 NAMES_STEP = 2
+# Closing, at exit included, waits this long at most for the device's queued work before it
+# reads the telemetry still on it: after a rank died, that work never ends.
+CLOSE_DRAIN_S = 30.0
 
 
 class Pacer(Joinable):
@@ -198,8 +202,9 @@ class Pacer(Joinable):
                 self._telemetry_failed(e)
             else:
                 # Dropped without close() (a notebook cell run again), the pacer closes its
-                # file when collected, which frees the path for the next one.
-                weakref.finalize(self, _close_quietly, self._writer)
+                # file when collected, which frees the path for the next one; at exit the
+                # finalizer below closes it first, after the device's last records.
+                weakref.finalize(self, _close_quietly, self._writer).atexit = False
                 if self._writer.kept is not None:
                     warn(f"gpupace: telemetry file {self._writer.path} already held a run: "
                          f"kept it as {self._writer.kept}")
@@ -212,6 +217,12 @@ class Pacer(Joinable):
                 self._tb = TensorBoardLogger(folder)
             except (OSError, RuntimeError, ValueError) as e:  # a folder that cannot be written
                 self._tensorboard_failed(e, folder)
+        if self._writer is not None or self._tb is not None:
+            # Left unclosed, at exit (multiprocessing's atexit hook, or a child's bootstrap),
+            # before the writer's own finalizer (priority 0): the device backend's last records
+            # are still on the GPU.
+            multiprocessing.util.Finalize(self, _close_at_exit, args=(weakref.ref(self),),
+                                          exitpriority=1)
 
     @staticmethod
     def _pick_backend(requested: str, pg_backend: str) -> str:
@@ -421,8 +432,11 @@ class Pacer(Joinable):
         """Collects the telemetry records the device backend still holds (it copies them back
         lazily; in CUDA-graph mode, call this at least every 256 replays or the oldest are
         overwritten). Synchronises: call it outside the step loop. Host backend: nothing held."""
+        return self._drain(None)
+
+    def _drain(self, timeout_s: float | None) -> list[StepRecord]:
         engine_drain = getattr(self._engine, "drain", None)
-        records = engine_drain() if engine_drain is not None and self.enabled else []
+        records = engine_drain(timeout_s) if engine_drain is not None and self.enabled else []
         for record in records:
             self._keep(record)
         return records
@@ -671,9 +685,10 @@ class Pacer(Joinable):
         return state
 
     def close(self) -> None:
-        """Collects what the device still holds, flushes and closes the telemetry file, whose
-        last line then says the run was closed (a file without one was cut short). Safe to
-        call twice."""
+        """Collects what the device still holds (waiting `CLOSE_DRAIN_S` at most for its
+        queued work), flushes and closes the telemetry file, whose last line then says the run
+        was closed (a file without one was cut short). Safe to call twice. A pacer left
+        unclosed is closed so at exit."""
         self._close("closed")
 
     def _close(self, how: str) -> None:
@@ -681,7 +696,10 @@ class Pacer(Joinable):
             self._end["how"] = how
         self._closed = True
         if self._writer is not None or self._tb is not None:
-            self.drain()
+            try:
+                self._drain(CLOSE_DRAIN_S)
+            except RuntimeError as e:  # a CUDA error: the file still gets its end line
+                warn(f"gpupace: could not read the telemetry records still on the device: {e}")
         if self._writer is not None:
             writer, self._writer = self._writer, None
             try:
@@ -755,6 +773,12 @@ class _Unpaced:
 
 
 _UNPACED = _Unpaced()
+
+
+def _close_at_exit(pacer_ref: weakref.ref) -> None:
+    pacer = pacer_ref()
+    if pacer is not None and not pacer._closed:
+        pacer._close("exit")
 
 
 def _close_quietly(writer: TelemetryWriter) -> None:

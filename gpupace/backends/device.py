@@ -399,17 +399,42 @@ class DeviceEngine:
                 self._copy_event.record()
             self._copy_pending = True
 
-    def drain(self) -> list[StepRecord]:
+    def drain(self, timeout_s: float | None = None) -> list[StepRecord]:
         """Synchronises, reads the whole ring and returns every record not yet returned (the
         ones `end_step` would have returned later included). Call it outside the step loop,
-        e.g. after a batch of graph replays."""
+        e.g. after a batch of graph replays. With `timeout_s` (closing, at exit), it waits
+        that long at most for the current and pacing streams' work, and if that has not ended
+        (a collective waiting for a rank that died) returns only what has reached the host,
+        and says so: a synchronize would hang until the process group's timeout."""
         if self._cuda:
-            torch.cuda.synchronize(self.device)  # steps may have run on any stream
+            if timeout_s is None:
+                torch.cuda.synchronize(self.device)  # steps may have run on any stream
+            elif not self._settles(timeout_s):
+                warn(f"gpupace: the GPU had not finished this rank's queued work after "
+                     f"{timeout_s:g} s (a collective waiting for a rank that died?): the "
+                     f"telemetry records of the steps still on it are lost")
+                out = list(self._records)
+                self._records.clear()
+                return out
         self._copy_pending = False
         self._parse(self.ring.cpu().numpy(), self.ring_step.cpu().numpy())
         out = list(self._records)
         self._records.clear()
         return out
+
+    def _settles(self, timeout_s: float) -> bool:
+        """Whether the work queued so far on the current and pacing streams ends within
+        `timeout_s` (polled: no blocking call)."""
+        ends = []
+        for stream in (torch.cuda.current_stream(self.device), self._pace_stream):
+            ends.append(torch.cuda.Event())
+            ends[-1].record(stream)
+        deadline = time.monotonic() + timeout_s
+        while not all(end.query() for end in ends):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def _parse(self, ring: np.ndarray, ring_step: np.ndarray) -> None:
         from gpupace.kernels import update as u

@@ -5,6 +5,9 @@ as a failed capture is not something to run other tests after. Skipped without C
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -123,6 +126,62 @@ def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nc
     recs = list(pacer.ring)
     assert [r.step for r in recs] == list(range(steps))  # no step dropped
     assert all(np.isfinite(r.wait_us).all() for r in recs)
+
+
+# One rank, five paced steps on the device backend, then exit: closed or not (argv[3]).
+_FIVE_STEPS = """
+import sys, torch, torch.distributed as dist
+from gpupace import PaceConfig, Pacer
+dist.init_process_group("nccl", init_method="file://" + sys.argv[2], rank=0, world_size=1,
+                        device_id=torch.device("cuda", 0))
+pacer = Pacer(PaceConfig(mode="pace", telemetry_path=sys.argv[1]), backend="device")
+x = torch.ones(1024, device="cuda")
+for _ in range(5):
+    pacer.all_reduce(x)
+    pacer.step()
+if sys.argv[3] == "close":
+    pacer.close()
+dist.destroy_process_group()
+"""
+
+
+def test_an_unclosed_device_pacer_writes_its_last_records_at_exit(tmp_path):
+    """The device copies its telemetry back every 8 steps: a pacer left unclosed lost the
+    records still on the GPU at exit (all five here). Its exit finalizer reads them, as
+    close() does."""
+    files = {}
+    for how in ("close", "exit"):
+        files[how] = path = tmp_path / f"{how}.jsonl"
+        done = subprocess.run([sys.executable, "-c", _FIVE_STEPS, str(path),
+                               str(tmp_path / f"{how}.store"), how],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    lines = {how: [json.loads(line) for line in path.read_text().splitlines()]
+             for how, path in files.items()}
+    steps = {how: [r["step"] for r in got if "gpupace" not in r] for how, got in lines.items()}
+    assert len(steps["close"]) >= 4 and steps["exit"] == steps["close"]
+    assert lines["exit"][-1]["how"] == "exit" and lines["close"][-1]["how"] == "closed"
+
+
+def test_closing_waits_a_bounded_time_for_work_that_does_not_end(nccl_group):
+    """Closing after a rank died: the GPU's queued work (a collective waiting for it) never
+    ends, and a synchronize would hang until the process group's timeout. The close waits
+    its bound, says the records on the GPU are lost, and returns."""
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x = torch.ones(1024, device="cuda")
+    for _ in range(2):
+        pacer.all_reduce(x)
+        pacer.step()
+    torch.cuda._sleep(4_000_000_000)  # seconds of work on the current stream
+    after = torch.cuda.Event()
+    after.record()
+    with pytest.warns(RuntimeWarning, match="had not finished this rank's queued work"):
+        pacer._drain(0.2)
+    assert not after.query()  # it returned with the work still running
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [r.step for r in pacer._drain(0.2)] == [0, 1]  # ended: read as before
 
 
 def test_eager_steps_replay_their_tail_from_a_graph_per_site_count(nccl_group, figures):
