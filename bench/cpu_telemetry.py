@@ -12,8 +12,8 @@ A Pacer writes in the background (`background=True`). Its rows:
       background telemetry than without, over blocks of 10 steps that end once the writer
       has written them all: the GIL its thread takes, and what it has not done by then.
 Every part runs after `cool()` (bench/cpu_policy), as after the rest of a training step:
-interleaved alone, each found the caches the part before it left (make_record read 11-36 us
-where it took 6-14 us on its own).
+interleaved alone, each found the caches the part before it left, and ran slower than
+after itself.
 """
 
 from __future__ import annotations

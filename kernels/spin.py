@@ -19,9 +19,10 @@ Buffers, shared with `stamp.py` and the device engine:
           (clock-free path only)
   usual   float32 [M]: each site's running mean arrival since the site's exit one step
           before (us; NaN: none yet), against which a planned delay is applied as a deadline
-Spin precision on an H200 (the tight loop, code of 975f711; bench/results, 2026-11-30): error
-p99 0.85-1.02 us by CUDA events in the last three device checks, against the target of one
-timer tick (32 ns) + 1 us; within 24 ns by the spin's own clock. The sleeping spin
+Spin precision on an H200 (the tight loop; bench/results and their history, 2026-11-30): error
+p99 1.01 us by CUDA events in the last device check (code of 975f711), 0.85 and 1.02 us in the
+two before it (87d4952, b35f25f), against the target of one timer tick (32 ns) + 1 us; within
+24 ns by the spin's own clock. The sleeping spin
 (`backoff_ns`): not yet measured on a GPU.
 """
 

@@ -11,7 +11,7 @@ another site count keeps what the first sites learnt.
 
 The hook averages as DDP's own reducer does, bit for bit: it multiplies each dense
 gradient by 1 / world size (dividing, as torch's `allreduce_hook` does, rounds otherwise
-where the world size is not a power of two: 7e-9 apart after a few steps at 3 ranks) and
+where the world size is not a power of two, and the weights drift apart from DDP's) and
 divides a sparse one (an `Embedding(sparse=True)`'s), as the reducer does. The tests train 3
 gloo ranks both ways, with and without `gradient_as_bucket_view=True`, and with a sparse
 embedding, and find DDP's weights bit for bit. One case differs by a unit in the last place
