@@ -50,6 +50,7 @@ from .telemetry import (
     Ring,
     StepRecord,
     TelemetryWriter,
+    exit_failure,
     failure_of,
     make_header,
     names_a_folder,
@@ -65,8 +66,10 @@ IDLE_STEPS = 10
 # bucket, its second all of them)
 NAMES_STEP = 2
 # Closing, at exit included, waits this long at most for the device's queued work before it
-# reads the telemetry still on it: after a rank died, that work never ends.
+# reads the telemetry still on it: after a rank died, that work never ends. Closing on an
+# error (a with block's, the exception a process exits on: Ctrl-C on a hung job) waits less.
 CLOSE_DRAIN_S = 30.0
+ERROR_DRAIN_S = 3.0
 
 
 class Pacer(Joinable):
@@ -686,18 +689,19 @@ class Pacer(Joinable):
 
     def close(self) -> None:
         """Collects what the device still holds (waiting `CLOSE_DRAIN_S` at most for its
-        queued work), flushes and closes the telemetry file, whose last line then says the run
-        was closed (a file without one was cut short). Safe to call twice. A pacer left
-        unclosed is closed so at exit."""
+        queued work; `ERROR_DRAIN_S` at the end of a with block on an error, or at an exit on
+        one), flushes and closes the telemetry file, whose last line then says the run was
+        closed (a file without one was cut short). Safe to call twice. A pacer left unclosed
+        is closed so at exit."""
         self._close("closed")
 
-    def _close(self, how: str) -> None:
+    def _close(self, how: str, drain_s: float = CLOSE_DRAIN_S) -> None:
         if not self._end["how"].startswith("error"):  # a failed step() said how first
             self._end["how"] = how
         self._closed = True
         if self._writer is not None or self._tb is not None:
             try:
-                self._drain(CLOSE_DRAIN_S)
+                self._drain(drain_s)
             except RuntimeError as e:  # a CUDA error: the file still gets its end line
                 warn(f"gpupace: could not read the telemetry records still on the device: {e}")
         if self._writer is not None:
@@ -714,7 +718,8 @@ class Pacer(Joinable):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._close(failure_of(exc) or "closed")
+        failure = failure_of(exc)
+        self._close(failure or "closed", ERROR_DRAIN_S if failure else CLOSE_DRAIN_S)
 
 
 class _Paced:
@@ -778,7 +783,7 @@ _UNPACED = _Unpaced()
 def _close_at_exit(pacer_ref: weakref.ref) -> None:
     pacer = pacer_ref()
     if pacer is not None and not pacer._closed:
-        pacer._close("exit")
+        pacer._close("exit", ERROR_DRAIN_S if exit_failure() else CLOSE_DRAIN_S)
 
 
 def _close_quietly(writer: TelemetryWriter) -> None:

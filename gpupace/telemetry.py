@@ -223,6 +223,12 @@ def _uncaught() -> BaseException | None:
     return getattr(sys, "last_value", None)
 
 
+def exit_failure() -> str | None:
+    """`failure_of` the exception this process is exiting on, as far as it can be told (an
+    exit finalizer's view: see `_uncaught`); None for a clean exit."""
+    return failure_of(sys.exc_info()[1] or _uncaught())
+
+
 # The fields of a file's end line (`TelemetryWriter`'s `end`): the steps its owner ran, how
 # it ended, and what the writer wrote and dropped.
 END_FIELDS = ("gpupace", "steps", "how", "records", "dropped")
@@ -543,7 +549,7 @@ class TelemetryWriter:
         owner saw none."""
         end = dict(self.end)
         if end.get("how", "exit") == "exit":
-            end["how"] = failure_of(sys.exc_info()[1] or _uncaught()) or "exit"
+            end["how"] = exit_failure() or "exit"
         end.update(records=self.written, dropped=self.dropped)
         with self._lock:
             if self._file is not None:

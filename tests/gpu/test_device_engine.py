@@ -128,7 +128,8 @@ def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nc
     assert all(np.isfinite(r.wait_us).all() for r in recs)
 
 
-# One rank, five paced steps on the device backend, then exit: closed or not (argv[3]).
+# One rank, five paced steps on the device backend, then exit (argv[3]): "close"d, "exit"
+# unclosed, or an "error" raised with the GPU ~10 s from done (a hung job's Ctrl-C).
 _FIVE_STEPS = """
 import sys, torch, torch.distributed as dist
 from gpupace import PaceConfig, Pacer
@@ -142,29 +143,36 @@ for _ in range(5):
 if sys.argv[3] == "close":
     pacer.close()
 dist.destroy_process_group()
+if sys.argv[3] == "error":
+    torch.cuda._sleep(20_000_000_000)
+    raise RuntimeError("the job's own error")
 """
 
 
 def test_an_unclosed_device_pacer_writes_its_last_records_at_exit(tmp_path):
     """The device copies its telemetry back every 8 steps: a pacer left unclosed lost the
     records still on the GPU at exit (all five here). Its exit finalizer reads them, as
-    close() does."""
-    files = {how: tmp_path / f"{how}.jsonl" for how in ("close", "exit")}
-    runs = [subprocess.Popen([sys.executable, "-c", _FIVE_STEPS, str(path),
-                              str(tmp_path / f"{how}.store"), how], stderr=subprocess.PIPE,
-                             text=True) for how, path in files.items()]  # side by side
+    close() does; exiting on an error, with the GPU busy, it waits 3 s (ERROR_DRAIN_S) for
+    them and says they are lost."""
+    files = {how: tmp_path / f"{how}.jsonl" for how in ("close", "exit", "error")}
+    runs = {how: subprocess.Popen([sys.executable, "-c", _FIVE_STEPS, str(path),
+                                   str(tmp_path / f"{how}.store"), how],
+                                  stderr=subprocess.PIPE, text=True)
+            for how, path in files.items()}  # side by side
+    errs = {}
     try:
-        for run in runs:
-            _, err = run.communicate(timeout=50)  # within the device check's 60 s a test
-            assert run.returncode == 0, err[-2000:]
+        for how, run in runs.items():
+            _, errs[how] = run.communicate(timeout=50)  # the device check allows 60 s a test
+            assert run.returncode == (1 if how == "error" else 0), errs[how][-2000:]
     finally:
-        for run in runs:
+        for run in runs.values():
             run.kill()
     lines = {how: [json.loads(line) for line in path.read_text().splitlines()]
              for how, path in files.items()}
     steps = {how: [r["step"] for r in got if "gpupace" not in r] for how, got in lines.items()}
     assert len(steps["close"]) >= 4 and steps["exit"] == steps["close"]
-    assert lines["exit"][-1]["how"] == "exit" and lines["close"][-1]["how"] == "closed"
+    assert [lines[how][-1]["how"] for how in files] == ["closed", "exit", "error: RuntimeError"]
+    assert "had not finished this rank's queued work after 3 s" in errs["error"]
 
 
 def test_closing_waits_a_bounded_time_for_work_that_does_not_end(nccl_group):
