@@ -108,7 +108,10 @@ class Pacer(Joinable):
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
         self._alone = pg_backend == "none"  # built with no process group: one rank
-        self._world = dist.group.WORLD if not self._alone else None  # `check_group`
+        # `check_group`'s, weakly: a pacer alive at exit kept a destroyed group's gloo threads
+        # running, which aborted the process as the interpreter exited (SIGABRT, "terminate
+        # called without an active exception", in about half of the runs of a 2-rank job)
+        self._world = weakref.ref(dist.group.WORLD) if not self._alone else None
         if self._alone and _world_size_env() > 1:
             raise RuntimeError(
                 f"WORLD_SIZE={os.environ['WORLD_SIZE']} says this process is one rank of a "
@@ -263,7 +266,7 @@ class Pacer(Joinable):
                     "this Pacer was built before torch.distributed.init_process_group, so it "
                     f"paces one rank, not the group's {dist.get_world_size()}; build the Pacer "
                     "after init_process_group")
-        elif self._world is not None and dist.group.WORLD is not self._world:
+        elif self._world is not None and dist.group.WORLD is not (self._world() or ()):
             # An in-process restart: attach() took the new model and its hook divided the
             # gradients by the old world size (0.5x DDP's at 4 ranks made 2). Destroying the
             # default group destroys the subgroups too.

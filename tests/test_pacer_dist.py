@@ -2,12 +2,14 @@
 applied, the clock-free estimator against true arrival times on the shared CLOCK_MONOTONIC."""
 
 import contextlib
+import gc
 import importlib.util
 import os
 import re
 import shutil
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -949,6 +951,23 @@ def test_a_pacer_whose_process_group_was_made_anew_refuses_to_run():
             on_a_subgroup.step()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_pacer_does_not_keep_a_destroyed_process_group_alive():
+    """A pacer alive at exit held the default group, whose gloo threads then outlived
+    destroy_process_group() and aborted the process as the interpreter exited (SIGABRT in
+    about half of a 2-rank torchrun job's runs)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        pacer = Pacer(PaceConfig(mode="observe"))
+        pacer.step()
+        world = weakref.ref(dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert world() is None
+    with pytest.raises(RuntimeError, match="this Pacer's process group was destroyed"):
+        pacer.step()
 
 
 def test_a_pacer_built_before_a_launchers_process_group_is_refused_at_once(monkeypatch):

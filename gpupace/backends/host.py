@@ -116,6 +116,11 @@ class HostEngine:
         # alone cost 1-3 ms a step on the 2-core VM.
         self._gathered = torch.zeros(self.world_size * (2 + 2 * width), dtype=torch.float64,
                                      device=self._device)
+        # The row sent, copied in, not a tensor made a step: gloo's thread releases the last
+        # one after the step, and one whose Python object has gone takes the GIL to do so,
+        # which, as the interpreter exits, aborts the process (1 run in 12 of a 2-rank job
+        # once the pacer no longer kept the destroyed group's threads alive: 0 with both).
+        self._row = torch.zeros(2 + 2 * width, dtype=torch.float64, device=self._device)
 
     def _new_step(self) -> None:
         self.generation = getattr(self, "generation", -1) + 1  # exits of an older step are ignored
@@ -275,8 +280,8 @@ class HostEngine:
         if self.world_size == 1:
             return row[None, :]
         try:
-            gather_rows(self._gathered, torch.from_numpy(row).to(self._gathered.device),
-                        group=self.group)
+            self._row.copy_(torch.from_numpy(row))
+            gather_rows(self._gathered, self._row, group=self.group)
         except RuntimeError as e:
             raise exchange_error(e) from e
         # [N, 2 + 2 W], overwritten by the next step's exchange (gloo takes a flat buffer)
