@@ -29,6 +29,7 @@ import numpy as np
 from .cli import check_output_dir, check_output_file
 from .config import PaceConfig
 from .launch import run_ranks
+from .report.compare import gap_pct
 from .report.diagnose import MIN_STEPS
 from .summary import SUMMARY_ROWS
 from .telemetry import json_safe
@@ -349,8 +350,7 @@ def phase_spread_pct(a: float, b: float) -> float:
     """How far two phases of one side differ in throughput, in % of their mean. The baseline's
     ran the same code at the run's two ends: their difference is the machine's noise and
     drift. The paced phases' also holds how differently two fresh pacers settled."""
-    mean = 0.5 * (a + b)
-    return 100.0 * abs(a - b) / mean if mean > 0 else float("nan")
+    return gap_pct([a, b])
 
 
 NO_CHANGE_COLUMN = ("delay_mean", "active_fraction", "delayed_fraction")

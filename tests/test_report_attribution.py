@@ -23,6 +23,7 @@ from gpupace import PaceConfig, Pacer
 from gpupace.cli import main
 from gpupace.report.compare import pairs
 from gpupace.report.diagnose import MIN_CONFIDENCE, MODES, diagnose, measured
+from gpupace.report.html import findings
 from gpupace.report.load import load_runs
 from gpupace.report.plots import cdf_title, straggler_counts
 from gpupace.report.ranks import rank_costs
@@ -212,9 +213,22 @@ def test_paced_runs_are_compared_with_their_baselines(tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert "<th>change: paced-1 vs baseline-1</th>" in page
     assert "<th>change: paced-2 vs baseline-2</th>" in page
-    # Two runs: one change column
+    # The noise gauge: the two baselines' throughputs, the same job unpaced, and whether
+    # each comparison's change is within their gap (a review saw +32.3% shown as pacing's
+    # beside baselines 25.7% apart).
+    thr = [doc["runs"][k]["summary"]["throughput"] for k in range(4)]
+    gap = 100 * abs(thr[0] - thr[1]) / ((thr[0] + thr[1]) / 2)
+    for c, (b, p) in zip(doc["comparisons"], ((0, 2), (1, 3)), strict=True):
+        gauge = [n for n in c["notes"] if n.startswith("the unpaced runs baseline-1, baseline-2")]
+        assert len(gauge) == 1 and f"differ in throughput by {gap:.1f}%" in gauge[0]
+        within = abs(100 * (thr[p] / thr[b] - 1)) <= gap
+        assert ("within that" in gauge[0]) == within
+        assert f"({gauge[0]})" in text and gauge[0].replace("'", "&#x27;") in page
+    # Two runs: one change column, no gauge
     two = load_runs([d / "paced-1.jsonl", d / "baseline-1.jsonl"])
     assert pairs(two) == [(1, 0)] and cdf_title(two).endswith("paced-1 vs baseline-1")
+    assert not any("unpaced runs" in n for c in findings(two, [diagnose(r) for r in two])[
+        "comparisons"] for n in c["notes"])
 
 
 def test_every_count_leaves_the_warm_up_out(demo_like, tmp_path):

@@ -175,11 +175,36 @@ def summary_change(key: str, base: dict[str, Any], other: dict[str, Any]) -> flo
     return change(key, base.get(key), other.get(key))
 
 
+def gap_pct(values: Sequence[float]) -> float:
+    """How far apart figures of the same code are, in % of their mean: (max - min) / mean."""
+    mean = sum(values) / len(values) if values else 0.0
+    return 100.0 * (max(values) - min(values)) / mean if mean > 0 else float("nan")
+
+
+def baseline_gap(runs: Sequence[Run], sums: Sequence[dict[str, Any]],
+                 compared: int) -> tuple[list[str], float] | None:
+    """The noise gauge of a comparison: where the runs given hold two or more real unpaced
+    runs of the compared run's kind (`gpupace demo`'s baseline-1 and baseline-2, the same code
+    at the run's two ends), their labels and how far apart their throughputs are (`gap_pct`);
+    else None. A simulated baseline run again is the same run, and gauges nothing."""
+    same = [i for i, r in enumerate(runs) if r.mode != "pace" and not r.header.get("sim")
+            and kind(r) == kind(runs[compared])]
+    units = {sums[i].get("throughput_unit") for i in same}
+    values = [_num(sums[i].get("throughput")) for i in same]
+    if len(same) < 2 or len(units) > 1 or None in values:
+        return None
+    gap = gap_pct(values)
+    return ([runs[i].label for i in same], gap) if math.isfinite(gap) else None
+
+
 def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
-          runs: tuple[Run, Run] | None = None) -> list[str]:
+          runs: tuple[Run, Run] | None = None,
+          gap: tuple[list[str], float] | None = None) -> list[str]:
     """What a reader of the changes must know: two runs of different jobs (`runs`: baseline
-    and compared, when known), figures that could not be compared, a p99 of few steps, and a
-    paced run that delayed nobody (it ran the baseline's code: its changes are noise)."""
+    and compared, when known), figures that could not be compared, a p99 of few steps, a
+    paced run that delayed nobody (it ran the baseline's code: its changes are noise), and
+    how far apart the job's baselines are (`gap`, from `baseline_gap`): the noise a change
+    must exceed."""
     out = []
     restart = restart_note(*runs) if runs is not None else None
     if restart:
@@ -209,6 +234,16 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
         out.append("pacing delayed nobody in the paced run: " + (
             "in the simulator that is the baseline's run again" if simulated else
             "both ran the same code, so the changes are this machine's noise"))
+    if gap is not None:
+        labels, pct = gap
+        told = summary_change("throughput", base, other)
+        verdict = ("this throughput change is within that, so it may be noise alone"
+                   if told is not None and abs(told) <= pct else
+                   "a change must exceed that to be more than noise, and "
+                   f"{'two' if len(labels) == 2 else 'a few'} runs can understate the noise: "
+                   "repeat them before reading a change as pacing's")
+        out.append(f"the unpaced runs {', '.join(labels)}, the same job, differ in throughput "
+                   f"by {pct:.1f}%; {verdict}")
     return out
 
 
@@ -248,7 +283,7 @@ def comparisons(runs: Sequence[Run], sums: Sequence[dict[str, Any]]) -> list[dic
         out.append({"baseline": runs[i].label, "compared": runs[j].label,
                     "title": f"{runs[j].label} vs {runs[i].label}", "changes": rows,
                     "notes": notes(sums[i], sums[j], runs[j].mode == "pace",
-                                   (runs[i], runs[j]))})
+                                   (runs[i], runs[j]), baseline_gap(runs, sums, j))})
     return out
 
 

@@ -18,7 +18,15 @@ from typing import Any
 import numpy as np
 
 from ..summary import summarize
-from .compare import CHANGES, comparisons, fmt_change, notes, pairs, summary_change
+from .compare import (
+    CHANGES,
+    baseline_gap,
+    comparisons,
+    fmt_change,
+    notes,
+    pairs,
+    summary_change,
+)
 from .diagnose import (
     LOST_DEFINITION,
     MIN_CONFIDENCE,
@@ -167,7 +175,8 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
                  "steps the header names are left out. Changes: relative (%) for times and "
                  "throughput, in percentage points (pts) for fractions.</small></p>")
     for i, j in comps:
-        for note in notes(sums[i], sums[j], runs[j].mode == "pace", (runs[i], runs[j])):
+        for note in notes(sums[i], sums[j], runs[j].mode == "pace", (runs[i], runs[j]),
+                          baseline_gap(runs, sums, j)):
             parts.append(f"<p><small>{esc(runs[j].label)} vs {esc(runs[i].label)}: "
                          f"{esc(note)}</small></p>")
 
