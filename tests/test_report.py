@@ -18,6 +18,7 @@ from gpupace.cli import main
 from gpupace.report.diagnose import MODES, diagnose
 from gpupace.report.html import findings
 from gpupace.report.load import load_runs, to_run
+from gpupace.report.text import cost_line, headline
 from gpupace.sim import presets, simulate, write_telemetry
 from gpupace.telemetry import StepRecord
 
@@ -64,6 +65,18 @@ def test_single_mode_ranks_first_with_most_of_the_share(sim_dir, mode):
     assert top.verdict != "not enough evidence" and top.confidence >= 0.3
     assert sum(m.share for m in d.modes) <= 1.0 + 1e-9
     assert all(0.0 <= m.share <= 1.0 and 0.0 <= m.confidence <= 1.0 for m in d.modes)
+
+
+def test_shares_at_512_ranks_keep_their_digits(sim_dir):
+    """At 512 ranks chance is 0.2%: "last in 2% of steps, 0% by chance" hid a tenfold excess,
+    and the cost line said "0.00 ms a step ... (last in 0%)" of a cost below its digits."""
+    path, _ = _telemetry(sim_dir, "jitter", 64, 8, 1)
+    d = diagnose(load_runs([path])[0])
+    words = headline(d)
+    assert "0.2% by chance" in words, words
+    assert not re.search(r"last in 0% of", words), words
+    cost = cost_line(d)
+    assert "0.00 ms" not in cost and "(last in 0%)" not in cost, cost
 
 
 @pytest.mark.parametrize("seed", [2, 3])

@@ -44,11 +44,11 @@ def headline(d: Diagnosis) -> str:
             behind = lr["behind_median_us"]
             by = f", typically {behind / 1e3:.1f} ms behind {_reference(s)}" \
                 if math.isfinite(behind) and behind >= 50.0 else ""  # shown as >= 0.1 ms
-            who = f"rank {lr['rank']} last in {pct:.0f}% {of}{by}"
+            who = f"rank {lr['rank']} last in {_pct(pct)} {of}{by}"
         else:
             chance = 100 / max(int(s.get("world_size") or 1), 1)
             who = (f"no persistently late rank (most often rank {lr['rank']}: last in "
-                   f"{pct:.0f}% {of}, {chance:.0f}% by chance)")
+                   f"{_pct(pct)} {of}, {_pct(chance)} by chance)")
     if spells is not None:
         who += f"; also {_spells_words(spells, others)}"
     # The largest share among the "likely" modes, else among the "possible" ones: a mode
@@ -91,17 +91,23 @@ def cost_line(d: Diagnosis) -> str:
                      f"every other rank: {spells['cost_us_per_step'] / 1e3:.2f} ms a step on "
                      f"average ({100 * spells['share_of_step']:.1f}% of the measured time)")
     c = d.summary.get("late_cost")
-    if c and (group is None or c["lead_us_per_step"] >= 5.0):  # shown as >= 0.01 ms
+    if c and c["lead_us_per_step"] >= 5.0:  # shown as >= 0.01 ms; less: no cost worth a line
         measured = d.summary.get("measured_steps", 0)
         ranks = ", ".join(
             f"rank {r['rank']} {r['cost_us_per_step'] / 1e3:.2f} ms (last in "
-            f"{_last_share(r['last_steps'], c['steps_with_clear_last'], measured)[0]:.0f}%)"
+            f"{_pct(_last_share(r['last_steps'], c['steps_with_clear_last'], measured)[0])})"
             for r in c["ranks"][:3])
         by = f": {ranks}" if ranks else ""
         parts.append(f"the last rank's lead over the next-latest cost up to "
                      f"{c['lead_us_per_step'] / 1e3:.2f} ms a step "
                      f"({100 * c['share_of_step']:.1f}% of the mean step){by}")
     return "; ".join(parts)
+
+
+def _pct(x: float) -> str:
+    """A share in %, whole from 10 up and to two significant digits below: at 512 ranks
+    "last in 2% of steps, 0% by chance" hid a tenfold excess (0.2% by chance)."""
+    return f"{x:.0f}%" if x == 0 or x >= 9.5 else f"{x:.2g}%"
 
 
 def _last_share(last: int, clear: int, measured: int) -> tuple[float, str]:
