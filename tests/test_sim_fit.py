@@ -85,10 +85,26 @@ def test_fit_of_a_simulated_file_has_no_warm_up(tmp_path):
     assert fit.samples_per_rank == 32.0  # from the header's scenario
 
 
+def test_a_resumed_jobs_file_counts_the_warm_up_steps_it_holds(tmp_path):
+    """A job resumed at step 40 writes steps 40.. and measures from step 40 + its warm-up:
+    the fit said "45 of warm-up left out" (a step number) where the report said 5."""
+    src, path = tmp_path / "job.jsonl", tmp_path / "resumed.jsonl"
+    write_pacer_file(src, steps=60)
+    tel = read_telemetry(src)
+    header = dict(tel.header, resumed_at_step=40, first_measured_step=40 + WARMUP)
+    writer = TelemetryWriter(path, header)
+    for rec in tel.records:
+        writer.write(dataclasses.replace(rec, step=rec.step + 40))
+    writer.close()
+    fit = fit_telemetry(path)
+    assert fit.warmup_steps == WARMUP and f"({WARMUP} of warm-up left out)" in fit.describe()
+    assert fit.steps == 60
+
+
 def test_fit_needs_steps_after_warm_up(tmp_path):
     path = tmp_path / "short.jsonl"
     write_pacer_file(path, steps=5)
-    with pytest.raises(ValueError, match="after 10 warm-up steps"):
+    with pytest.raises(ValueError, match="after the 10 warm-up steps"):
         fit_telemetry(path)
 
 

@@ -138,11 +138,13 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     Raises ValueError when the file has too few usable steps or ranks."""
     tel = read_telemetry(path)
     warmup = first_measured_step(tel.header)
+    # the steps left out, as the report counts them: a resumed job's file starts past 0
+    left_out = max(0, warmup - min((r.step for r in tel.records), default=warmup))
     recs = [r for r in tel.records if r.step >= warmup]
     recs = [r for r in recs if len(r.earliness_us) >= 2 and math.isfinite(r.spread_us)]
     if len(recs) < 10:
-        raise ValueError(f"{path}: need at least 10 steps with 2+ ranks after {warmup} warm-up "
-                         f"steps to fit, got {len(recs)}")
+        raise ValueError(f"{path}: need at least 10 steps with 2+ ranks after the "
+                         f"{left_out} warm-up steps to fit, got {len(recs)}")
     n = len(recs[-1].earliness_us)
     recs = [r for r in recs if len(r.earliness_us) == n and len(r.wait_us) == n]
     step = np.array([r.step_time_us for r in recs], dtype=np.float64)
@@ -177,7 +179,7 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     fit = TelemetryFit(
         source=str(tel.header.get("label") or tel.header.get("source") or "telemetry"),
         world_size=n, sites=steady_site_count(recs, tel.header), steps=len(recs),
-        warmup_steps=warmup, samples_per_rank=samples_per_rank(tel.header, n),
+        warmup_steps=left_out, samples_per_rank=samples_per_rank(tel.header, n),
         compute_us=compute, exposed_comm_us=exposed,
         offsets_us=tuple(float(v) for v in offsets), noise_sigma=0.0, spike_prob=0.0,
         spike_us=1000.0, spike_alpha=DEFAULT_SPIKE_ALPHA, notes=notes,
