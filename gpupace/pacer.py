@@ -93,6 +93,9 @@ class Pacer(Joinable):
             raise TypeError(f"config must be a PaceConfig, got {type(config).__name__}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if group is not None and dist.is_available() and dist.is_initialized() \
+                and group is dist.group.WORLD:
+            group = None  # the default group, held weakly below (`_world`), not here
         self.group = group
         if dist.is_available() and dist.is_initialized():
             if group is not None and group is getattr(dist.GroupMember, "NON_GROUP_MEMBER", ()):
@@ -171,7 +174,8 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
-        self._attached = 0  # models attached: the second one's sites are "model1.bucket{i}"
+        # each attached model's number: the second one's sites are "model1.bucket{i}"
+        self._prefixes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # The DDP models attach() took, each with the Join config it had when last looked at
         # (a Join replaces its joinables' configs, and never puts them back)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -180,6 +184,7 @@ class Pacer(Joinable):
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
         self._writer: TelemetryWriter | None = None
+        self._collected: weakref.finalize | None = None  # closes the file if collected unclosed
         self._header: dict[str, Any] = {}
         # One step's record in this many goes to the file and TensorBoard: every step up to 127
         # ranks, then fewer (a record is ~31 bytes of JSON a rank, 8-9 ms to encode at 4096).
@@ -207,10 +212,13 @@ class Pacer(Joinable):
             except (OSError, ValueError) as e:
                 self._telemetry_failed(e)
             else:
-                # Dropped without close() (a notebook cell run again), the pacer closes its
-                # file when collected, which frees the path for the next one; at exit the
-                # finalizer below closes it first, after the device's last records.
-                weakref.finalize(self, _close_quietly, self._writer).atexit = False
+                # Dropped without close() (a notebook cell run again, a main() returned),
+                # the pacer closes its file when collected, after the device's last records,
+                # which frees the path for the next one; one alive at exit is closed by the
+                # finalizer below.
+                self._collected = weakref.finalize(self, _close_collected, self._engine,
+                                                   self._writer, self.telemetry_every)
+                self._collected.atexit = False
                 if self._writer.kept is not None:
                     warn(f"gpupace: telemetry file {self._writer.path} already held a run: "
                          f"kept it as {self._writer.kept}")
@@ -485,6 +493,8 @@ class Pacer(Joinable):
         warn(f"gpupace: telemetry file {self.config.telemetry_path!r} failed, "
              f"training goes on without it: {error}")
         writer, self._writer = self._writer, None
+        if self._collected is not None:
+            self._collected.detach()
         if writer is not None:
             writer.end = None  # records are missing: no end line says the file is whole
             with contextlib.suppress(OSError, RuntimeError):
@@ -665,7 +675,9 @@ class Pacer(Joinable):
                     f"the wrong ranks")
         if not self.enabled:
             return
-        prefix = f"model{self._attached}." if self._attached else ""
+        used = set(self._prefixes.values())  # of the models alive: a re-wrapped model's
+        number = min(set(range(len(used) + 1)) - used)  # number is free again
+        prefix = f"model{number}." if number else ""
         try:
             target.register_comm_hook(Attached(self, prefix), hook or ddp_comm_hook)
         except RuntimeError as e:
@@ -675,7 +687,7 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
         self._hooked = True
-        self._attached += 1
+        self._prefixes[target] = number
         self._models[target] = target._join_config
 
     def __getstate__(self) -> dict[str, Any]:
@@ -687,7 +699,7 @@ class Pacer(Joinable):
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
                      _engine=None, _writer=None, _tb=None, _closed=True, _world=None,
-                     _models=None)
+                     _models=None, _prefixes=None, _collected=None)
         return state
 
     def close(self) -> None:
@@ -702,20 +714,23 @@ class Pacer(Joinable):
         if not self._end["how"].startswith("error"):  # a failed step() said how first
             self._end["how"] = how
         self._closed = True
-        if self._writer is not None or self._tb is not None:
-            try:
+        if self._collected is not None:
+            self._collected.detach()  # closed here: nothing left for collection to close
+        try:
+            if self._writer is not None or self._tb is not None:
                 self._drain(drain_s)
-            except RuntimeError as e:  # a CUDA error: the file still gets its end line
-                warn(f"gpupace: could not read the telemetry records still on the device: {e}")
-        if self._writer is not None:
-            writer, self._writer = self._writer, None
-            try:
-                writer.close()
-            except (OSError, RuntimeError) as e:
-                self._telemetry_failed(e)
-        if self._tb is not None:
-            self._tensorboard(lambda tb: tb.close())
-            self._tb = None
+        except RuntimeError as e:  # a CUDA error: the file still gets its end line
+            warn(f"gpupace: could not read the telemetry records still on the device: {e}")
+        finally:  # Ctrl-C in the drain's wait too
+            if self._writer is not None:
+                writer, self._writer = self._writer, None
+                try:
+                    writer.close()
+                except (OSError, RuntimeError) as e:
+                    self._telemetry_failed(e)
+            if self._tb is not None:
+                self._tensorboard(lambda tb: tb.close())
+                self._tb = None
 
     def __enter__(self) -> Pacer:
         return self
@@ -783,15 +798,35 @@ class _Unpaced:
 _UNPACED = _Unpaced()
 
 
+_exit_deadline: list[float] = []  # one for every pacer closed at exit, set by the first
+
+
 def _close_at_exit(pacer_ref: weakref.ref) -> None:
     pacer = pacer_ref()
-    if pacer is not None and not pacer._closed:
-        pacer._close("exit", ERROR_DRAIN_S if exit_failure() else CLOSE_DRAIN_S)
+    if pacer is None or pacer._closed:
+        return
+    if not _exit_deadline:
+        _exit_deadline.append(time.monotonic() + (ERROR_DRAIN_S if exit_failure()
+                                                  else CLOSE_DRAIN_S))
+    try:
+        pacer._close("exit", max(_exit_deadline[0] - time.monotonic(), 0.0))
+    except KeyboardInterrupt:  # a second Ctrl-C cuts the wait short: the file is closed, and
+        pass  # the other exit finalizers (other pacers' files) still run
 
 
-def _close_quietly(writer: TelemetryWriter) -> None:
-    with contextlib.suppress(OSError, RuntimeError):  # its failure was warned about, or is moot
-        writer.close()
+def _close_collected(engine: Any, writer: TelemetryWriter, every: int) -> None:
+    """A pacer's close when it is collected unclosed: what `_close` does, without the pacer
+    (the finalizer must not hold it), its ring or TensorBoard."""
+    try:
+        drain = getattr(engine, "drain", None)
+        for record in drain(CLOSE_DRAIN_S) if drain is not None else ():
+            if record.step % every == 0:
+                writer.write(record)
+    except (OSError, RuntimeError) as e:  # a CUDA error, a failed writer: close all the same
+        warn(f"gpupace: the telemetry records still on the device were not all written: {e}")
+    finally:
+        with contextlib.suppress(OSError, RuntimeError):  # its failure was warned about
+            writer.close()
 
 
 class _PacerJoinHook(JoinHook):

@@ -560,6 +560,28 @@ def test_one_pacer_tells_two_models_buckets_apart():
         assert sorted(names) == ["bucket0", "model1.bucket0"]
 
 
+def _rewrapped(rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
+    module, names = torch.nn.Linear(8, 8), []
+    for _ in range(2):  # one model wrapped anew (after loading a checkpoint, say)
+        model = DDP(module)
+        pacer.attach(model)
+        model(torch.randn(4, 8)).sum().backward()
+        pacer.step()
+        names.append(pacer.site_names)
+        del model
+        gc.collect()
+    return names
+
+
+def test_a_model_wrapped_anew_keeps_its_site_names():
+    """Numbered by attach() calls, a model wrapped in DDP again was named model1.bucket{i}."""
+    for names in run_ranks(_rewrapped, 2, timeout_s=200):
+        assert names == [["bucket0"], ["bucket0"]]
+
+
 def test_a_pacer_not_attached_to_the_model_steps_under_join_too():
     """A model with a comm hook of its own (fp16 compression) cannot take attach(): its pacer
     paces nothing, yet steps with the others; the joined rank steps every pass (it had no site
@@ -957,17 +979,18 @@ def test_a_pacer_does_not_keep_a_destroyed_process_group_alive():
     """A pacer alive at exit held the default group, whose gloo threads then outlived
     destroy_process_group() and aborted the process as the interpreter exited (SIGABRT in
     about half of a 2-rank torchrun job's runs)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        pacer = Pacer(PaceConfig(mode="observe"))
-        pacer.step()
-        world = weakref.ref(dist.group.WORLD)
-    finally:
-        dist.destroy_process_group()
-    gc.collect()
-    assert world() is None
-    with pytest.raises(RuntimeError, match="this Pacer's process group was destroyed"):
-        pacer.step()
+    for named in (False, True):  # group=dist.group.WORLD (or a DDP model's) is the same
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            pacer = Pacer(PaceConfig(mode="observe"), dist.group.WORLD if named else None)
+            pacer.step()
+            world = weakref.ref(dist.group.WORLD)
+        finally:
+            dist.destroy_process_group()
+        gc.collect()
+        assert world() is None, named
+        with pytest.raises(RuntimeError, match="this Pacer's process group was destroyed"):
+            pacer.step()
 
 
 def test_a_pacer_built_before_a_launchers_process_group_is_refused_at_once(monkeypatch):

@@ -229,6 +229,11 @@ def test_paced_runs_are_compared_with_their_baselines(tmp_path, capsys):
     assert pairs(two) == [(1, 0)] and cdf_title(two).endswith("paced-1 vs baseline-1")
     assert not any("unpaced runs" in n for c in findings(two, [diagnose(r) for r in two])[
         "comparisons"] for n in c["notes"])
+    # Two unpaced runs compared (a job before and after a fix): the gauge would be the
+    # comparison itself
+    two = load_runs([d / "baseline-1.jsonl", d / "baseline-2.jsonl"])
+    comps = findings(two, [diagnose(r) for r in two])["comparisons"]
+    assert len(comps) == 1 and not any("unpaced runs" in n for n in comps[0]["notes"])
 
 
 def test_every_count_leaves_the_warm_up_out(demo_like, tmp_path):

@@ -688,11 +688,16 @@ def test_each_record_counts_the_drops_just_before_it(tmp_path):
 _ENDING = """
 import sys
 from gpupace import PaceConfig, Pacer
-pacer = Pacer(PaceConfig(mode="observe", telemetry_path=sys.argv[1]))
-for _ in range(3):
-    with pacer.site("x"):
-        pass
-    pacer.step()
+def train():
+    pacer = Pacer(PaceConfig(mode="observe", telemetry_path=sys.argv[1]))
+    for _ in range(3):
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    return pacer
+pacer = train()
+if sys.argv[2] == "function":
+    pacer = None  # collected unclosed, before the exit
 if sys.argv[2] == "raise":
     1 / 0
 """
@@ -715,7 +720,7 @@ def _steps_then(rank, world, path, end):
     sys.exit(0)
 
 
-@pytest.mark.parametrize("how", ["close", "with", "sys.exit(0)", "exit", "raise",
+@pytest.mark.parametrize("how", ["close", "with", "sys.exit(0)", "exit", "function", "raise",
                                  "rank raise", "rank sys.exit(0)"])
 def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
     """The end line tells a finished run from one cut short (a file without it) and says how
@@ -742,11 +747,41 @@ def test_how_a_pacer_ended_is_its_files_last_line(tmp_path, how):
                        capture_output=True, cwd=Path(__file__).resolve().parent.parent)
     tel = read_telemetry(path)
     want = {"close": "closed", "with": "error: ValueError", "sys.exit(0)": "closed",
-            "exit": "exit", "raise": "error: ZeroDivisionError",
+            "exit": "exit", "function": "exit", "raise": "error: ZeroDivisionError",
             "rank raise": "error: ValueError", "rank sys.exit(0)": "exit"}[how]
     assert tel.end == {"gpupace": "end", "steps": 3, "how": want, "records": 3, "dropped": 0}
     assert tuple(tel.end) == END_FIELDS
     assert tel.header["end_mark"] is True and not tel.skipped and len(tel.records) == 3
+
+
+_CUT_SHORT = """
+import sys
+from gpupace import PaceConfig, Pacer
+pacers = [Pacer(PaceConfig(mode="observe", telemetry_path=path)) for path in sys.argv[1:]]
+for pacer in pacers:
+    for _ in range(3):
+        with pacer.site("x"):
+            pass
+        pacer.step()
+    def drain(timeout_s):  # the device's wait for its queued work, cut short by Ctrl-C
+        raise KeyboardInterrupt
+    pacer._engine.drain = drain
+"""
+
+
+def test_ctrl_c_in_the_exit_drain_still_closes_every_file(tmp_path):
+    """A Ctrl-C in an unclosed device pacer's wait at exit skipped its file's close and ended
+    multiprocessing's exit hook, so that no file got its end line (the writer's own finalizer
+    ran after it, in that hook)."""
+    paths = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
+    done = subprocess.run([sys.executable, "-c", _CUT_SHORT, *map(str, paths)], timeout=120,
+                          capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for path in paths:
+        tel = read_telemetry(path)
+        assert tel.end is not None and tel.end["how"] == "error: KeyboardInterrupt", path
+        assert len(tel.records) == 3
 
 
 def test_a_writer_given_no_end_promises_none_and_writes_none(tmp_path):

@@ -186,7 +186,10 @@ def baseline_gap(runs: Sequence[Run], sums: Sequence[dict[str, Any]],
     """The noise gauge of a comparison: where the runs given hold two or more real unpaced
     runs of the compared run's kind (`gpupace demo`'s baseline-1 and baseline-2, the same code
     at the run's two ends), their labels and how far apart their throughputs are (`gap_pct`);
-    else None. A simulated baseline run again is the same run, and gauges nothing."""
+    else None. A simulated baseline run again is the same run, and gauges nothing; nor do
+    two unpaced runs compared with each other (a job before and after a fix) gauge theirs."""
+    if runs[compared].mode != "pace":
+        return None
     same = [i for i, r in enumerate(runs) if r.mode != "pace" and not r.header.get("sim")
             and kind(r) == kind(runs[compared])]
     units = {sums[i].get("throughput_unit") for i in same}

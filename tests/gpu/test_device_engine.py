@@ -129,19 +129,28 @@ def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nc
 
 
 # One rank, five paced steps on the device backend, then exit (argv[3]): "close"d, "exit"
-# unclosed, or an "error" raised with the GPU ~10 s from done (a hung job's Ctrl-C).
+# unclosed, unclosed in a "function" that returned (the pacer collected before exit), or an
+# "error" raised with the GPU ~10 s from done (a hung job's Ctrl-C).
 _FIVE_STEPS = """
-import sys, torch, torch.distributed as dist
+import gc, sys, weakref, torch, torch.distributed as dist
 from gpupace import PaceConfig, Pacer
 dist.init_process_group("nccl", init_method="file://" + sys.argv[2], rank=0, world_size=1,
                         device_id=torch.device("cuda", 0))
-pacer = Pacer(PaceConfig(mode="pace", telemetry_path=sys.argv[1]), backend="device")
-x = torch.ones(1024, device="cuda")
-for _ in range(5):
-    pacer.all_reduce(x)
-    pacer.step()
-if sys.argv[3] == "close":
-    pacer.close()
+def train():
+    pacer = Pacer(PaceConfig(mode="pace", max_sites=4, telemetry_path=sys.argv[1]),
+                  backend="device")
+    x = torch.ones(1024, device="cuda")
+    for _ in range(5):
+        pacer.all_reduce(x)
+        pacer.step()
+    if sys.argv[3] == "close":
+        pacer.close()
+    return pacer
+pacer = train()
+if sys.argv[3] == "function":
+    collected, pacer = weakref.ref(pacer), None
+    gc.collect()
+    assert collected() is None, "the pacer outlived its function"
 dist.destroy_process_group()
 if sys.argv[3] == "error":
     torch.cuda._sleep(20_000_000_000)
@@ -152,9 +161,10 @@ if sys.argv[3] == "error":
 def test_an_unclosed_device_pacer_writes_its_last_records_at_exit(tmp_path):
     """The device copies its telemetry back every 8 steps: a pacer left unclosed lost the
     records still on the GPU at exit (all five here). Its exit finalizer reads them, as
-    close() does; exiting on an error, with the GPU busy, it waits 3 s (ERROR_DRAIN_S) for
-    them and says they are lost."""
-    files = {how: tmp_path / f"{how}.jsonl" for how in ("close", "exit", "error")}
+    close() does, and so does its collection, for one made in a function that returned;
+    exiting on an error, with the GPU busy, it waits 3 s (ERROR_DRAIN_S) for them and says
+    they are lost."""
+    files = {how: tmp_path / f"{how}.jsonl" for how in ("close", "exit", "function", "error")}
     runs = {how: subprocess.Popen([sys.executable, "-c", _FIVE_STEPS, str(path),
                                    str(tmp_path / f"{how}.store"), how],
                                   stderr=subprocess.PIPE, text=True)
@@ -170,8 +180,9 @@ def test_an_unclosed_device_pacer_writes_its_last_records_at_exit(tmp_path):
     lines = {how: [json.loads(line) for line in path.read_text().splitlines()]
              for how, path in files.items()}
     steps = {how: [r["step"] for r in got if "gpupace" not in r] for how, got in lines.items()}
-    assert len(steps["close"]) >= 4 and steps["exit"] == steps["close"]
-    assert [lines[how][-1]["how"] for how in files] == ["closed", "exit", "error: RuntimeError"]
+    assert len(steps["close"]) >= 4 and steps["exit"] == steps["function"] == steps["close"]
+    assert [lines[how][-1]["how"] for how in files] == ["closed", "exit", "exit",
+                                                        "error: RuntimeError"]
     assert "had not finished this rank's queued work after 3 s" in errs["error"]
 
 
