@@ -67,7 +67,8 @@ IDLE_STEPS = 10
 NAMES_STEP = 2
 # Closing, at exit included, waits this long at most for the device's queued work before it
 # reads the telemetry still on it: after a rank died, that work never ends. Closing on an
-# error (a with block's, the exception a process exits on: Ctrl-C on a hung job) waits less.
+# error (a with block's, the exception a process exits on: Ctrl-C on a hung job) waits less,
+# and so does a pacer's collection, which may come at any point of the user's code.
 CLOSE_DRAIN_S = 30.0
 ERROR_DRAIN_S = 3.0
 
@@ -816,10 +817,11 @@ def _close_at_exit(pacer_ref: weakref.ref) -> None:
 
 def _close_collected(engine: Any, writer: TelemetryWriter, every: int) -> None:
     """A pacer's close when it is collected unclosed: what `_close` does, without the pacer
-    (the finalizer must not hold it), its ring or TensorBoard."""
+    (the finalizer must not hold it), its ring or TensorBoard, waiting `ERROR_DRAIN_S` at most
+    (a collection may come anywhere, and a Ctrl-C in a finalizer is only printed)."""
     try:
         drain = getattr(engine, "drain", None)
-        for record in drain(CLOSE_DRAIN_S) if drain is not None else ():
+        for record in drain(ERROR_DRAIN_S) if drain is not None else ():
             if record.step % every == 0:
                 writer.write(record)
     except (OSError, RuntimeError) as e:  # a CUDA error, a failed writer: close all the same

@@ -18,7 +18,7 @@ from gpupace.cli import main
 from gpupace.report.diagnose import MODES, diagnose
 from gpupace.report.html import findings
 from gpupace.report.load import load_runs, to_run
-from gpupace.report.text import cost_line, headline
+from gpupace.report.text import _pct, cost_line, headline
 from gpupace.sim import presets, simulate, write_telemetry
 from gpupace.telemetry import StepRecord
 
@@ -77,6 +77,8 @@ def test_shares_at_512_ranks_keep_their_digits(sim_dir):
     assert not re.search(r"last in 0% of", words), words
     cost = cost_line(d)
     assert "0.00 ms" not in cost and "(last in 0%)" not in cost, cost
+    assert [_pct(x) for x in (0.0, 0.0244, 5.0, 9.6, 100.0, 1e-5, float("nan"))] == [
+        "0%", "0.024%", "5%", "10%", "100%", "<0.01%", "-"]
 
 
 @pytest.mark.parametrize("seed", [2, 3])

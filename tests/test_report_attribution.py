@@ -39,7 +39,7 @@ STEPS = 80  # one demo phase: 160 steps per side in two phases
 def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
               late_ms: float = 18.6, late_fraction: float = 0.91, world: int = 4,
               torch_version: str = "2.13.0+cpu", steps: int = STEPS, late_ranks=None,
-              late_from: int = 0, **extra) -> Path:
+              late_from: int = 0, samples_per_step: int = 128, **extra) -> Path:
     """A demo-shaped run through TelemetryWriter: each rank computes 30 ms +- 2 ms, the last
     rank (or `late_ranks`) `late_ms` more in `late_fraction` of the steps; the step ends when the last rank
     arrives plus an independent transfer (~0.6 ms). Warm-up steps have rank 0 last, by a
@@ -47,7 +47,7 @@ def write_run(path: Path, *, label: str, mode: str = "observe", seed: int = 0,
     rng = np.random.default_rng(seed)
     cfg = PaceConfig(mode=mode, warmup_steps=WARMUP).to_dict()
     header = make_header(source="pacer", world_size=world, label=label, config=cfg,
-                         samples_per_step=128, scenario="persistent", **extra)
+                         samples_per_step=samples_per_step, scenario="persistent", **extra)
     header["versions"]["torch"] = torch_version  # what the build that wrote it says
     writer = TelemetryWriter(path, header, interval=20)
     t = 0.0
@@ -229,6 +229,11 @@ def test_paced_runs_are_compared_with_their_baselines(tmp_path, capsys):
     assert pairs(two) == [(1, 0)] and cdf_title(two).endswith("paced-1 vs baseline-1")
     assert not any("unpaced runs" in n for c in findings(two, [diagnose(r) for r in two])[
         "comparisons"] for n in c["notes"])
+    # An unpaced run of another batch size is another job, not a repeat of the baseline
+    write_run(tmp_path / "batch256.jsonl", label="batch256", seed=12, samples_per_step=256)
+    three = load_runs([d / "baseline-1.jsonl", tmp_path / "batch256.jsonl", d / "paced-1.jsonl"])
+    comps = findings(three, [diagnose(r) for r in three])["comparisons"]
+    assert not any("unpaced runs" in n for c in comps for n in c["notes"])
     # Two unpaced runs compared (a job before and after a fix): the gauge would be the
     # comparison itself
     two = load_runs([d / "baseline-1.jsonl", d / "baseline-2.jsonl"])

@@ -104,7 +104,7 @@ def test_a_resumed_jobs_file_counts_the_warm_up_steps_it_holds(tmp_path):
 def test_fit_needs_steps_after_warm_up(tmp_path):
     path = tmp_path / "short.jsonl"
     write_pacer_file(path, steps=5)
-    with pytest.raises(ValueError, match="after the 10 warm-up steps"):
+    with pytest.raises(ValueError, match=r"after the warm-up \(steps before 10\) to fit"):
         fit_telemetry(path)
 
 

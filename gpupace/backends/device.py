@@ -405,7 +405,11 @@ class DeviceEngine:
         e.g. after a batch of graph replays. With `timeout_s` (closing, at exit), it waits
         that long at most for the current and pacing streams' work, and if that has not ended
         (a collective waiting for a rank that died) returns only what has reached the host,
-        and says so: a synchronize would hang until the process group's timeout."""
+        and says so: a synchronize would hang until the process group's timeout. Refused
+        inside a CUDA graph capture (its wait and copy would invalidate it)."""
+        if self._capturing():
+            raise RuntimeError("gpupace: the device's telemetry cannot be drained inside a "
+                               "CUDA graph capture: drain() or close() the pacer after it")
         if self._cuda:
             if timeout_s is None:
                 torch.cuda.synchronize(self.device)  # steps may have run on any stream

@@ -190,8 +190,11 @@ def baseline_gap(runs: Sequence[Run], sums: Sequence[dict[str, Any]],
     two unpaced runs compared with each other (a job before and after a fix) gauge theirs."""
     if runs[compared].mode != "pace":
         return None
+    paced = runs[compared]
+    # every job field, samples_per_step included (two batch sizes are two jobs), and settings
     same = [i for i, r in enumerate(runs) if r.mode != "pace" and not r.header.get("sim")
-            and kind(r) == kind(runs[compared])]
+            and kind(r) == kind(paced) and not job_differences(r, paced)
+            and r.header.get("samples_per_step") == paced.header.get("samples_per_step")]
     units = {sums[i].get("throughput_unit") for i in same}
     values = [_num(sums[i].get("throughput")) for i in same]
     if len(same) < 2 or len(units) > 1 or None in values:
@@ -245,8 +248,8 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
                    "a change must exceed that to be more than noise, and "
                    f"{'two' if len(labels) == 2 else 'a few'} runs can understate the noise: "
                    "repeat them before reading a change as pacing's")
-        out.append(f"the unpaced runs {', '.join(labels)}, the same job, differ in throughput "
-                   f"by {pct:.1f}%; {verdict}")
+        out.append(f"the unpaced runs {', '.join(labels)}, if they ran the same code, differ in "
+                   f"throughput by {pct:.1f}%; {verdict}")
     return out
 
 

@@ -107,6 +107,10 @@ def cost_line(d: Diagnosis) -> str:
 def _pct(x: float) -> str:
     """A share in %, whole from 10 up and to two significant digits below: at 512 ranks
     "last in 2% of steps, 0% by chance" hid a tenfold excess (0.2% by chance)."""
+    if not math.isfinite(x):
+        return "-"
+    if 0 < x < 0.01:
+        return "<0.01%"
     return f"{x:.0f}%" if x == 0 or x >= 9.5 else f"{x:.2g}%"
 
 

@@ -143,8 +143,8 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
     recs = [r for r in tel.records if r.step >= warmup]
     recs = [r for r in recs if len(r.earliness_us) >= 2 and math.isfinite(r.spread_us)]
     if len(recs) < 10:
-        raise ValueError(f"{path}: need at least 10 steps with 2+ ranks after the "
-                         f"{left_out} warm-up steps to fit, got {len(recs)}")
+        raise ValueError(f"{path}: need at least 10 steps with 2+ ranks after the warm-up "
+                         f"(steps before {warmup}) to fit, got {len(recs)}")
     n = len(recs[-1].earliness_us)
     recs = [r for r in recs if len(r.earliness_us) == n and len(r.wait_us) == n]
     step = np.array([r.step_time_us for r in recs], dtype=np.float64)
