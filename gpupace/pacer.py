@@ -708,7 +708,7 @@ class Pacer(Joinable):
         queued work; `ERROR_DRAIN_S` at the end of a with block on an error, or at an exit on
         one), flushes and closes the telemetry file, whose last line then says the run was
         closed (a file without one was cut short). Safe to call twice. A pacer left unclosed
-        is closed so at exit."""
+        is closed so at exit, or when it is collected (waiting `ERROR_DRAIN_S` at most)."""
         self._close("closed")
 
     def _close(self, how: str, drain_s: float = CLOSE_DRAIN_S) -> None:
