@@ -11,6 +11,7 @@ import pytest
 
 from gpupace.cli import main
 from gpupace.sim import fit_telemetry, labelled_telemetry, presets, simulate, write_telemetry
+from gpupace.sim.cli import OWN_COST
 from gpupace.summary import summarize
 from gpupace.telemetry import read_telemetry
 
@@ -164,7 +165,7 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
     assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(from step \d{3}\)\.",
                                          note[0]), note
     assert "Use --steps 5330 or more" in note[0]
-    assert json.loads(js.read_text())["notes"] == note
+    assert json.loads(js.read_text())["notes"] == [*note, OWN_COST]  # under every table
     assert main(["simulate", "--preset", "locality", "--nodes", "64", "--steps", "200"]) == 0
     assert "could delay ranks" not in capsys.readouterr().out
 
@@ -316,6 +317,7 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     # what one file cannot show is said beside the table
     assert "fit: not fitted, as one file of a few ranks shows none of them: fabric " \
         "contention, regime switches" in out, out
+    assert "whether a rank is late from before the backward" in out and OWN_COST in out
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
     assert len(note) == 1 and "--coupling batched" in note[0], note
     assert "What if the job ran on 512 GPUs" in note[0]

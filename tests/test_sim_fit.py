@@ -83,6 +83,12 @@ def test_fit_of_a_simulated_file_has_no_warm_up(tmp_path):
     fit = fit_telemetry(write_telemetry(res, tmp_path / "sim.jsonl"))
     assert fit.warmup_steps == 0 and fit.steps == 100
     assert fit.samples_per_rank == 32.0  # from the header's scenario
+    assert not any(note.startswith("2 ranks") for note in fit.notes)
+    two = dataclasses.replace(JOB, gpus_per_node=2, locality_pattern_us=(0.0, 0.0))
+    fit = fit_telemetry(write_telemetry(simulate(two, "none", steps=100, seed=0),
+                                        tmp_path / "two.jsonl"))
+    # each of 2 ranks is the earliest in about half of the steps: the fit says what that costs
+    assert any(note.startswith("2 ranks: each is the earliest") for note in fit.notes)
 
 
 def test_a_resumed_jobs_file_counts_the_warm_up_steps_it_holds(tmp_path):

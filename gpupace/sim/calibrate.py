@@ -174,6 +174,10 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
         never = np.flatnonzero(~known)
         notes.append(f"{never.size} rank(s) never known (invalid rows), given no offset: "
                      f"{', '.join(map(str, never[:8]))}{' ...' if never.size > 8 else ''}")
+    if n == 2:
+        notes.append("2 ranks: each is the earliest in about half of the steps, where its "
+                     "lateness reads 0, so the noise fits low and the two medians can differ by "
+                     "an offset that is noise; fit from a run of 4 ranks or more where you can")
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
     fit = TelemetryFit(

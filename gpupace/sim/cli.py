@@ -56,8 +56,15 @@ MIN_STEPS = 50
 UNFITTED = ("not fitted, as one file of a few ranks shows none of them: fabric contention, "
             "regime switches, the coupling, the gradients' size (25 MB a collective assumed); "
             "and a rank's lateness reads short at later collectives (its arrival waits for the "
-            "one before), so handicaps may be under-read. Scaled out, the figures leave all of "
-            "these out")
+            "one before), so handicaps may be under-read; and whether a rank is late from before "
+            "the backward (a slow input pipeline, whose wait its peers' collectives turn into "
+            "lateness through the coupling): every rank's lateness is simulated as a handicap "
+            "spread over its step, which leaves that amplification, and what pacing could gain "
+            "from it, out. Scaled out, the figures leave all of these out")
+# What the gpupace rows leave out, said under every table: a tie there is a small loss.
+OWN_COST = ("note: the gpupace rows leave out pacing's own cost, its kernels and its per-step "
+            "exchange (on an H200, code of 975f711: 3.1 us a paced collective in a CUDA graph at "
+            "8 a step, 44-72 us eager): where they tie with none, pacing would lose that")
 # PaceConfig's fields the simulated policy does not read (its mode is "pace", whatever
 # GPUPACE_MODE says): left out of the note on the environment's settings.
 NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig)
@@ -219,6 +226,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"fitted from {args.from_telemetry}: {fit.describe()}")
         for note in (*fit.notes, UNFITTED):
             print(f"fit: {note}")
+        if args.coupling not in (None, "off"):
+            print(f"fit: its compute was fitted to the file's step time without a coupling, so "
+                  f"with --coupling {args.coupling} the simulated job runs slower than the file's "
+                  f"(up to ~2% with the persistent one)")
     else:
         name = args.preset or "paper"
         title = f"preset {name}"
@@ -272,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(biggest.locality_pattern_us) and name in ("paper", "mixed"):
         notes.append(f"note: with {args.gpus_per_node} GPU a node, {name} has no locality "
                      "(its handicap falls on far ranks of a node): three failure modes of four")
+    notes.append(OWN_COST)
     for note in notes:
         print(note)
     if name == "paper" and args.gpus_per_node == DEFAULT_GPUS and args.coupling is None:
