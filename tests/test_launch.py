@@ -54,10 +54,12 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
     on to the end of the run, printing into the terminal; now each watches its parent."""
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    pids = tmp_path / "pids"
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
     pids.mkdir()
+    tmp.mkdir()  # the ranks' store folder: a SIGKILLed parent leaves it, here and not in /tmp
     parent = subprocess.Popen([sys.executable, str(script), str(pids), start],
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, TMPDIR=str(tmp)))
     try:
         deadline = time.monotonic() + 60
         while len(list(pids.iterdir())) < 2 or any(p.stat().st_size == 0 for p in pids.iterdir()):
@@ -74,6 +76,8 @@ def test_a_signal_to_the_parent_ends_its_ranks(tmp_path, sig, start):
         said = parent.stderr.read()
         assert (f"gpupace: {sig.name} received: stopping the ranks" in said) == (
             sig != signal.SIGKILL), said
+        # a signal it handles ends the run as an error does: its store folder removed
+        assert bool(list(tmp.glob("gpupace-ranks-*"))) == (sig == signal.SIGKILL)
     finally:
         parent.kill()
 
