@@ -94,11 +94,9 @@ class Pacer(Joinable):
             raise TypeError(f"config must be a PaceConfig, got {type(config).__name__}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if group is not None and dist.is_available() and dist.is_initialized() \
-                and group is dist.group.WORLD:
-            group = None  # the default group, held weakly below (`_world`), not here
-        self.group = group
         if dist.is_available() and dist.is_initialized():
+            if group is dist.group.WORLD:
+                group = None  # the default group, held weakly below (`_world`), not here
             if group is not None and group is getattr(dist.GroupMember, "NON_GROUP_MEMBER", ()):
                 # what new_group() gives the ranks outside it; torch's own error named no group
                 raise ValueError(f"rank {dist.get_rank()} is not in this pacer's process group: "
@@ -111,6 +109,7 @@ class Pacer(Joinable):
             raise ValueError("a process group was given but torch.distributed is not initialized")
         else:
             self.rank, self.world_size, pg_backend = 0, 1, "none"
+        self.group = group
         self._alone = pg_backend == "none"  # built with no process group: one rank
         # `check_group`'s, weakly: a pacer alive at exit kept a destroyed group's gloo threads
         # running, which aborted the process as the interpreter exited (SIGABRT, "terminate
@@ -711,7 +710,11 @@ class Pacer(Joinable):
         is closed so at exit, or when it is collected (waiting `ERROR_DRAIN_S` at most)."""
         self._close("closed")
 
-    def _close(self, how: str, drain_s: float = CLOSE_DRAIN_S) -> None:
+    def _close(self, how: str, drain_s: float | None = None) -> None:
+        """Closes as `how` says the run ended, waiting `drain_s` at most for the device (by
+        default as long as `how` allows: `_drain_bound`)."""
+        if drain_s is None:
+            drain_s = _drain_bound(how)
         if not self._end["how"].startswith("error"):  # a failed step() said how first
             self._end["how"] = how
         self._closed = True
@@ -737,8 +740,7 @@ class Pacer(Joinable):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        failure = failure_of(exc)
-        self._close(failure or "closed", ERROR_DRAIN_S if failure else CLOSE_DRAIN_S)
+        self._close(failure_of(exc) or "closed")
 
 
 class _Paced:
@@ -799,6 +801,11 @@ class _Unpaced:
 _UNPACED = _Unpaced()
 
 
+def _drain_bound(how: str) -> float:
+    """How long closing waits for the device's queued work, by how the run ended."""
+    return ERROR_DRAIN_S if how.startswith("error") else CLOSE_DRAIN_S
+
+
 _exit_deadline: list[float] = []  # one for every pacer closed at exit, set by the first
 
 
@@ -806,11 +813,11 @@ def _close_at_exit(pacer_ref: weakref.ref) -> None:
     pacer = pacer_ref()
     if pacer is None or pacer._closed:
         return
+    how = exit_failure() or "exit"
     if not _exit_deadline:
-        _exit_deadline.append(time.monotonic() + (ERROR_DRAIN_S if exit_failure()
-                                                  else CLOSE_DRAIN_S))
+        _exit_deadline.append(time.monotonic() + _drain_bound(how))
     try:
-        pacer._close("exit", max(_exit_deadline[0] - time.monotonic(), 0.0))
+        pacer._close(how, max(_exit_deadline[0] - time.monotonic(), 0.0))
     except KeyboardInterrupt:  # a second Ctrl-C cuts the wait short: the file is closed, and
         pass  # the other exit finalizers (other pacers' files) still run
 
