@@ -11,7 +11,7 @@ import pytest
 
 from gpupace.cli import main
 from gpupace.sim import fit_telemetry, labelled_telemetry, presets, simulate, write_telemetry
-from gpupace.sim.cli import OWN_COST
+from gpupace.sim.cli import pacing_cost_note
 from gpupace.summary import summarize
 from gpupace.telemetry import read_telemetry
 
@@ -44,7 +44,7 @@ def test_cli_writes_json_plot_and_telemetry(tmp_path, capsys):
     assert [r[-1] for r in oracle_rows] == ["-" if f is None else "100" for f in fractions]
     assert "100" in [r[-1] for r in oracle_rows]  # amplification's coupling gives it a gain
     assert set(doc) == {"preset", "notes", "policy_config", "steps", "seed", "gpus_per_node",
-                        "coupling", "units", "versions", "host", "date", "rows"}
+                        "coupling", "pacing_cost", "units", "versions", "host", "date", "rows"}
     assert (doc["steps"], doc["seed"], doc["gpus_per_node"]) == (120, 3, 8)
     assert set(doc["units"]) <= ROW_KEYS and "gpupace" in doc["versions"]
     assert doc["preset"] == "amplification" and doc["coupling"]["collective"] > 0
@@ -165,7 +165,8 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
     assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(from step \d{3}\)\.",
                                          note[0]), note
     assert "Use --steps 5330 or more" in note[0]
-    assert json.loads(js.read_text())["notes"] == [*note, OWN_COST]  # under every table
+    # under every table
+    assert json.loads(js.read_text())["notes"] == [*note, pacing_cost_note("graph")]
     assert main(["simulate", "--preset", "locality", "--nodes", "64", "--steps", "200"]) == 0
     assert "could delay ranks" not in capsys.readouterr().out
 
@@ -317,7 +318,8 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     # what one file cannot show is said beside the table
     assert "fit: not fitted, as one file of a few ranks shows none of them: fabric " \
         "contention, regime switches" in out, out
-    assert "whether a rank is late from before the backward" in out and OWN_COST in out
+    assert "which late rank is late from before the backward" in out
+    assert pacing_cost_note("graph") in out
     note = [ln for ln in out.splitlines() if "no coupling" in ln]
     assert len(note) == 1 and "--coupling batched" in note[0], note
     assert "What if the job ran on 512 GPUs" in note[0]
@@ -364,7 +366,7 @@ def test_paper_with_one_gpu_a_node_says_it_has_no_locality(capsys):
 def test_coupling_option_sets_the_measured_figures(tmp_path, capsys, coupling, expected):
     js = tmp_path / "c.json"
     rc = main(["simulate", "--preset", "paper", "--nodes", "1", "--steps", "120",
-               "--coupling", coupling, "--json", str(js)])
+               "--coupling", coupling, "--pacing-cost", "off", "--json", str(js)])
     assert rc == 0
     doc = json.loads(js.read_text())
     assert tuple(doc["coupling"].values()) == expected
@@ -375,6 +377,28 @@ def test_coupling_option_sets_the_measured_figures(tmp_path, capsys, coupling, e
         assert oracle["gain_pct"] == pytest.approx(0.0, abs=1e-9)
     else:
         assert oracle["gain_pct"] > 0.0
+
+
+@pytest.mark.parametrize("kind", ["graph", "eager", "off"])
+def test_pacing_cost_option_charges_the_measured_figures(tmp_path, capsys, kind):
+    """The paced rows pay pacing's own kernels as measured on an H200 (graph by default): on
+    the quiet preset, where nothing else differs, exactly the last collective's and the
+    step's; nothing with `off`, which the note says is left out."""
+    js = tmp_path / "p.json"
+    extra = [] if kind == "graph" else ["--pacing-cost", kind]
+    assert main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "60",
+                 "--json", str(js), *extra]) == 0
+    doc = json.loads(js.read_text())
+    site, step = {"graph": (1.91, 9.49), "eager": (56.16, 128.03), "off": (0.0, 0.0)}[kind]
+    assert doc["pacing_cost"] == {"site_us": site, "step_us": step}
+    rows = {r["policy"]: r for r in doc["rows"]}
+    step_us = presets.quiet(1).samples_per_rank * 8 * 1e6 / rows["none"]["throughput"]
+    for policy in ("gpupace", "oracle"):
+        want = -100.0 * (site + step) / (step_us + site + step)
+        assert rows[policy]["gain_pct"] == pytest.approx(want, rel=1e-6, abs=1e-9), rows
+    out = capsys.readouterr().out
+    assert pacing_cost_note(kind) in out and doc["notes"][-1] == pacing_cost_note(kind)
+    assert ("leave out pacing's own cost" in out) == (kind == "off")
 
 
 def test_fit_reads_jitter_as_noise(tmp_path):

@@ -12,13 +12,17 @@ and fits:
   jitter             the robust spread (MAD) of each rank's lateness about its median, as
                      log-normal compute noise of that sd, and lateness beyond 6 robust sigmas
                      as Pareto stalls from that threshold (rate, and shape by Hill's estimator);
+  before backward    the share of those offsets from before the backward (an input pipeline:
+                     the spread is there in full at the first site) rather than through it
+                     (it grows site by site), one share for every rank, where noise lets the
+                     file's profile tell (`_input_share`);
   compute per step   the fastest rank's, set so that the fitted job simulated at its own size
                      has the file's median step time (up to 64 ranks, one simulated node);
   samples per rank   the header's `samples_per_step` / world size.
 Limits, bluntly: fabric contention, regimes and the coupling are not fitted (a few ranks on
-one host show none of them); the gradient size is not in the file, so buckets keep
-`bucket_mb` and their number is the file's site count; the exposed communication does not grow
-with node count; noise on a host with more ranks than cores is neither log-normal nor Pareto,
+one host show none of them; a coupling given to `fit_telemetry` is matched with); the
+gradient size is not in the file, so buckets keep `bucket_mb` and their number is the file's
+site count; the exposed communication does not grow with node count; noise on a host with more ranks than cores is neither log-normal nor Pareto,
 and variation of the collectives themselves is not fitted. On 8 demo files (4 ranks on 2
 cores, 2026-11-30) the fit at the job's own size gave throughput within 9% of the file's and
 step-time CV within 0.15 of it (0.15-0.55 for files of 0.21-0.50). Ranks past the file's
@@ -50,6 +54,12 @@ MIN_SPIKE_ALPHA = 1.2
 MAX_GPUS_PER_NODE = 64  # Scenario's limit: the job is simulated at its size as one node
 MATCH_ROUNDS = 2  # a second round takes up the noise refitted to the first's compute
 MATCH_STEPS = 400  # ~0.1 s at 4 ranks
+PROFILE_STEPS = 1000  # each of the two profiles simulated: ~0.2 s at 8 ranks x 4 sites
+# The most a share may be uncertain (standard error) to be fitted. On 16 simulated files of 8
+# ranks x 4 sites, 300 steps (noise 0-0.2, one rank 2 or 8 ms late before or through the
+# backward), the 9 within it read their side (before: 1.00-1.41, clipped to 1; through:
+# 0.00-0.14); of the 7 beyond it (0.20 to 4.7), 4 read the wrong side.
+PROFILE_SE = 0.15
 
 
 @dataclass(slots=True)
@@ -70,12 +80,13 @@ class TelemetryFit:
     spike_us: float
     spike_alpha: float
     spike_clip: float = 100.0  # the longest stall in the file, in units of spike_us
+    input_share: float = 0.0  # of each offset, the part from before the backward (0 to 1)
     notes: list[str] = field(default_factory=list)
+    given: dict[str, Any] = field(default_factory=dict)  # Scenario fields given, not fitted
 
     def scenario(self, nodes: int, gpus_per_node: int = 8, **changes: Any) -> Scenario:
-        """The fitted job at `nodes` x `gpus_per_node` ranks; `changes` set any other
-        `Scenario` field, e.g. `coupling=NCCL_COUPLING, paced_coupling=SPIN_COUPLING` (the
-        figures measured on an H200), which no file can show."""
+        """The fitted job at `nodes` x `gpus_per_node` ranks, with the fields it was fitted
+        with (`given`); `changes` set any other `Scenario` field."""
         return Scenario(
             name=f"fit:{self.source}", nodes=nodes, gpus_per_node=gpus_per_node,
             samples_per_rank=self.samples_per_rank,
@@ -88,8 +99,9 @@ class TelemetryFit:
             noise_sigma=min(self.noise_sigma, 2.0), spike_prob=self.spike_prob,
             spike_us=max(self.spike_us, 1.0), spike_alpha=self.spike_alpha,
             spike_clip=self.spike_clip,
-            locality_pattern_us=self.offsets_us,
-        ).replace(**changes)
+            locality_pattern_us=tuple((1.0 - self.input_share) * v for v in self.offsets_us),
+            input_pattern_us=tuple(self.input_share * v for v in self.offsets_us),
+        ).replace(**{**self.given, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -116,6 +128,8 @@ class TelemetryFit:
         stalls = (f"stalls on {100 * self.spike_prob:.2f}% of rank-steps (from "
                   f"{_us(self.spike_us)} to {_us(self.spike_us * self.spike_clip)}, tail "
                   f"{self.spike_alpha:.1f})") if self.spike_prob > 0 else "no stalls"
+        if round(100 * self.input_share) > 0 and max(self.offsets_us, default=0.0) >= MIN_OFFSET_US:
+            ranks += f" ({100 * self.input_share:.0f}% of it from before the backward)"
         return (f"{self.world_size} ranks, {self.sites} site{'s' if self.sites != 1 else ''}, "
                 f"{self.steps} steps ("
                 f"{self.warmup_steps} of warm-up left out): compute {self.compute_us / 1e3:.1f} ms, "
@@ -133,9 +147,14 @@ def _us(v: float) -> str:
     return f"{v / 1e3:.1f} ms" if v >= 1000.0 else f"{v:.0f} us"
 
 
-def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
+def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     """Fits compute, locality offsets and jitter from a telemetry file (see the module doc).
-    Raises ValueError when the file has too few usable steps or ranks."""
+    `given`: `Scenario` fields the job has that no file shows, e.g. `coupling=NCCL_COUPLING,
+    paced_coupling=SPIN_COUPLING` (measured on an H200): the compute is matched to the file's
+    step time with them (fitted without, the job with a coupling ran up to ~2% slower than its
+    file), and the fit's scenarios keep them. Raises ValueError when the file has too few
+    usable steps or ranks, or naming a bad field."""
+    Scenario().replace(**given)  # a bad field or value, before the file is read
     tel = read_telemetry(path)
     warmup = first_measured_step(tel.header)
     # the steps left out, as the report counts them: a resumed job's file starts past 0
@@ -186,10 +205,12 @@ def fit_telemetry(path: str | os.PathLike) -> TelemetryFit:
         warmup_steps=left_out, samples_per_rank=samples_per_rank(tel.header, n),
         compute_us=compute, exposed_comm_us=exposed,
         offsets_us=tuple(float(v) for v in offsets), noise_sigma=0.0, spike_prob=0.0,
-        spike_us=1000.0, spike_alpha=DEFAULT_SPIKE_ALPHA, notes=notes,
+        spike_us=1000.0, spike_alpha=DEFAULT_SPIKE_ALPHA, notes=notes, given=dict(given),
     )
     resid = late - med[None, :]
-    return _match_median(_with_compute(fit, compute, resid), resid, float(np.median(step)))
+    fit = _with_compute(fit, compute, resid)
+    fit = dataclasses.replace(fit, input_share=_input_share(fit, site_spreads(recs, fit.sites)))
+    return _match_median(fit, resid, float(np.median(step)))
 
 
 def _with_compute(fit: TelemetryFit, compute: float, resid: np.ndarray) -> TelemetryFit:
@@ -197,6 +218,57 @@ def _with_compute(fit: TelemetryFit, compute: float, resid: np.ndarray) -> Telem
     sigma, prob, scale, alpha, clip = _fit_jitter(resid, compute, fit.sites)
     return dataclasses.replace(fit, compute_us=compute, noise_sigma=sigma, spike_prob=prob,
                                spike_us=scale, spike_alpha=alpha, spike_clip=clip)
+
+
+def site_spreads(records: list[StepRecord], sites: int) -> np.ndarray | None:
+    """[steps, sites]: the arrival spread at each site of the steps with `sites` sites (and
+    every one measured), or None for fewer than 10 such steps."""
+    rows = [r.site_spread_us for r in records if len(r.site_spread_us) == sites]
+    rows = np.asarray(rows, dtype=np.float64).reshape(-1, sites)
+    rows = rows[np.isfinite(rows).all(axis=1)]
+    return rows if len(rows) >= 10 else None
+
+
+def _slope(spreads: np.ndarray) -> float:
+    """How fast the median spread grows from site to site (least squares), [steps, sites]."""
+    profile = np.median(spreads, axis=0)
+    return float(np.polyfit(np.arange(profile.size), profile, 1)[0])
+
+
+def _input_share(fit: TelemetryFit, spreads: np.ndarray | None) -> float:
+    """Of each rank's offset, the share from before the backward (an input pipeline), from how
+    the file's spread grows over the sites. A handicap through the backward makes a late rank
+    fall behind site by site; lateness from before it is there in full at the first site: 1000,
+    1333, 1667, 2000 us at 4 sites against 2000 at each. Noise grows the spread too, so the
+    two are simulated with the fitted noise, and the file's growth placed between theirs. 0,
+    with a note, where the file's steps leave that place uncertain (a bootstrap's standard
+    error over PROFILE_SE of the way between the two): noise then hides it."""
+    from .simulate import simulate
+
+    top = max(fit.offsets_us, default=0.0)
+    if fit.sites < 2 or top < MIN_OFFSET_US or spreads is None:
+        return 0.0  # one site: the two arrive alike there, and nothing overlaps after it
+    if fit.world_size > MAX_GPUS_PER_NODE:
+        fit.notes.append(f"offsets simulated as handicaps through the backward: {fit.world_size} "
+                         f"ranks do not fit one simulated node (at most {MAX_GPUS_PER_NODE}) "
+                         "to tell lateness from before it")
+        return 0.0
+    growth = []
+    for share in (0.0, 1.0):
+        sc = dataclasses.replace(fit, input_share=share).scenario(1, fit.world_size)
+        res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0)
+        growth.append(_slope(res.spread_us[PROFILE_STEPS // 10:]))
+    way = growth[0] - growth[1]
+    rng = np.random.default_rng(0)
+    boot = [_slope(spreads[rng.integers(0, len(spreads), len(spreads))]) for _ in range(200)]
+    if way <= 0 or float(np.std(boot)) > PROFILE_SE * way:
+        fit.notes.append(
+            "offsets simulated as handicaps through the backward: the file's noise hides "
+            "whether the late ranks are late from before it (a slow input pipeline, whose wait "
+            "the peers' collectives turn into lateness under a coupling) or fall behind "
+            "through it")
+        return 0.0
+    return float(min(max((growth[0] - _slope(spreads)) / way, 0.0), 1.0))
 
 
 def _match_median(fit: TelemetryFit, resid: np.ndarray, target_us: float) -> TelemetryFit:

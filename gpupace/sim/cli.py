@@ -29,6 +29,10 @@ from .calibrate import MAX_GPUS_PER_NODE, fit_telemetry
 from .presets import PRESETS, get_preset
 from .records import write_telemetry
 from .scenario import (
+    EAGER_SITE_US,
+    EAGER_STEP_US,
+    GRAPH_SITE_US,
+    GRAPH_STEP_US,
     MAX_RANKS,
     NCCL_COUPLING,
     PERSISTENT_NCCL_COUPLING,
@@ -56,15 +60,11 @@ MIN_STEPS = 50
 UNFITTED = ("not fitted, as one file of a few ranks shows none of them: fabric contention, "
             "regime switches, the coupling, the gradients' size (25 MB a collective assumed); "
             "and a rank's lateness reads short at later collectives (its arrival waits for the "
-            "one before), so handicaps may be under-read; and whether a rank is late from before "
-            "the backward (a slow input pipeline, whose wait its peers' collectives turn into "
-            "lateness through the coupling): every rank's lateness is simulated as a handicap "
-            "spread over its step, which leaves that amplification, and what pacing could gain "
-            "from it, out. Scaled out, the figures leave all of these out")
-# What the gpupace rows leave out, said under every table: a tie there is a small loss.
-OWN_COST = ("note: the gpupace rows leave out pacing's own cost, its kernels and its per-step "
-            "exchange (on an H200, code of 975f711: 3.1 us a paced collective in a CUDA graph at "
-            "8 a step, 44-72 us eager): where they tie with none, pacing would lose that")
+            "one before), so handicaps may be under-read; and which late rank is late from "
+            "before the backward and which falls behind through it: one share of the two is "
+            "fitted for all (their mix, one late each way, is the amplification pacing works "
+            "on: a simulated 8-rank job's oracle gain of 0.21% read 0.10%). Scaled out, the "
+            "figures leave all of these out")
 # PaceConfig's fields the simulated policy does not read (its mode is "pace", whatever
 # GPUPACE_MODE says): left out of the note on the environment's settings.
 NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig)
@@ -77,6 +77,15 @@ STUDY = ("the study gpupace implements: 4-8 nodes +0.8%; 64 nodes CV 0.22 -> 0.0
 COUPLINGS = {"batched": (NCCL_COUPLING, SPIN_COUPLING),
              "persistent": (PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING),
              "off": (0.0, 0.0)}
+# --pacing-cost: (a paced collective's own, a paced step's), us, both measured on an H200
+# (gpupace.sim.scenario), or none.
+PACING_COSTS = {"graph": (GRAPH_SITE_US, GRAPH_STEP_US), "eager": (EAGER_SITE_US, EAGER_STEP_US),
+                "off": (0.0, 0.0)}
+PACING_COST_SOURCES = {
+    "graph": "in a CUDA graph on an H200 (code of 975f711)",
+    "eager": "eager on an H200 (code of 975f711): host launch time, charged as a host-bound "
+             "job pays it, whose GPU waits for the launches (a GPU-bound one hides them)",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"({NCCL_COUPLING}, {SPIN_COUPLING}) or a persistent matmul "
                              f"({PERSISTENT_NCCL_COUPLING}, {PERSISTENT_SPIN_COUPLING}), or "
                              "none (default: the preset's; none for --from-telemetry)")
+    parser.add_argument("--pacing-cost", choices=sorted(PACING_COSTS), default="graph",
+                        help="what pacing's own kernels cost the gpupace and oracle rows, as "
+                             f"measured on an H200: in a CUDA graph ({GRAPH_SITE_US} us a paced "
+                             f"collective, {GRAPH_STEP_US} us a step; the default), eager "
+                             f"({EAGER_SITE_US} and {EAGER_STEP_US} us of host time, as a "
+                             "host-bound job pays it), or none")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the table as JSON")
     parser.add_argument("--plot", metavar="PATH.png", default=None,
                         help="plot throughput, CV and gain against nodes (any format "
@@ -216,8 +231,12 @@ def _same_file(a: str, b: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     nodes = check_arguments(args)
+    coupling = {}
+    if args.coupling is not None:
+        collective, spin = COUPLINGS[args.coupling]
+        coupling = dict(coupling=collective, paced_coupling=spin)
     if args.from_telemetry:
-        fit = fit_telemetry(args.from_telemetry)
+        fit = fit_telemetry(args.from_telemetry, **coupling)  # compute matched with it
         name = fit.scenario(1, args.gpus_per_node).name
         title = f"fitted to {args.from_telemetry}"
 
@@ -226,10 +245,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"fitted from {args.from_telemetry}: {fit.describe()}")
         for note in (*fit.notes, UNFITTED):
             print(f"fit: {note}")
-        if args.coupling not in (None, "off"):
-            print(f"fit: its compute was fitted to the file's step time without a coupling, so "
-                  f"with --coupling {args.coupling} the simulated job runs slower than the file's "
-                  f"(up to ~2% with the persistent one)")
     else:
         name = args.preset or "paper"
         title = f"preset {name}"
@@ -238,7 +253,11 @@ def run(args: argparse.Namespace) -> int:
             return get_preset(name, n, args.gpus_per_node)
     if args.coupling is not None:
         title += f", coupling {args.coupling}"
-        make = with_coupling(make, *COUPLINGS[args.coupling])
+        make = with_changes(make, **coupling)
+    site_cost, step_cost = PACING_COSTS[args.pacing_cost]
+    make = with_changes(make, pacing_site_us=site_cost, pacing_step_us=step_cost)
+    if args.pacing_cost != "graph":
+        title += f", pacing cost {args.pacing_cost}"
     biggest = make(max(nodes))  # validate the largest scenario before minutes of simulation
     if args.telemetry and args.steps * biggest.ranks * biggest.buckets > KEEP_SITES_LIMIT:
         raise ValueError(
@@ -283,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     if not any(biggest.locality_pattern_us) and name in ("paper", "mixed"):
         notes.append(f"note: with {args.gpus_per_node} GPU a node, {name} has no locality "
                      "(its handicap falls on far ranks of a node): three failure modes of four")
-    notes.append(OWN_COST)
+    notes.append(pacing_cost_note(args.pacing_cost))
     for note in notes:
         print(note)
     if name == "paper" and args.gpus_per_node == DEFAULT_GPUS and args.coupling is None:
@@ -304,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
                                "gpus_per_node": args.gpus_per_node,
                                "coupling": {"collective": biggest.coupling,
                                             "spin": biggest.paced_coupling},
+                               "pacing_cost": {"site_us": biggest.pacing_site_us,
+                                               "step_us": biggest.pacing_step_us},
                                "units": ROW_UNITS, "versions": made["versions"],
                                "host": made["host"], "date": made["started"],
                                "rows": [{k: finite(v) if isinstance(v, float) else v
@@ -331,11 +352,22 @@ def keeps_a_result(telemetry: str | None) -> bool:
     return bool(telemetry) and "{nodes}" not in telemetry and "{policy}" not in telemetry
 
 
-def with_coupling(make: Callable[[int], Scenario], collective: float,
-                  spin: float) -> Callable[[int], Scenario]:
-    """`make` with its scenarios' coupling set: `collective` while a collective kernel waits or
-    transfers, `spin` while a pacing spin runs."""
-    return lambda n: make(n).replace(coupling=collective, paced_coupling=spin)
+def with_changes(make: Callable[[int], Scenario], **changes: Any) -> Callable[[int], Scenario]:
+    """`make` with `changes` to its scenarios' fields."""
+    return lambda n: make(n).replace(**changes)
+
+
+def pacing_cost_note(kind: str) -> str:
+    """What the paced rows paid for pacing's own kernels, said under every table."""
+    if kind == "off":
+        return ("note: the gpupace and oracle rows leave out pacing's own cost (--pacing-cost "
+                f"off): in a CUDA graph on an H200 {GRAPH_SITE_US} us a paced collective and "
+                f"{GRAPH_STEP_US} us a step, which a tie with none would lose")
+    site, step = PACING_COSTS[kind]
+    return (f"note: the gpupace and oracle rows pay pacing's own cost, delay or none: {site} us "
+            f"a paced collective before its entry and {step} us a step before the next "
+            f"forward, measured {PACING_COST_SOURCES[kind]}; a collective's is seen where it "
+            "cannot overlap the backward (the last bucket's, a transfer-bound step's)")
 
 
 def policy_too_late(cfg: PaceConfig, nodes: list[int], gpus_per_node: int, steps: int,
@@ -366,9 +398,9 @@ def policy_too_late(cfg: PaceConfig, nodes: list[int], gpus_per_node: int, steps
 def no_coupling_note(name: str) -> str:
     """Why none, gpupace and oracle agree on an uncoupled scenario, and how to add a coupling."""
     return (f"note: {name} has no coupling (Scenario.coupling = 0): without one, pacing cannot "
-            "shorten a bulk-synchronous step, so the oracle ties none and gpupace at best ties, "
-            "or loses a little where a delayed rank turns out last (README, 'What if the job "
-            "ran on 512 GPUs'). No telemetry file shows a "
+            "shorten a bulk-synchronous step, so the oracle and gpupace at best tie none less "
+            "pacing's own cost, and gpupace loses a little more where a delayed rank turns out "
+            "last (README, 'What if the job ran on 512 GPUs'). No telemetry file shows a "
             "coupling; to take one measured on an H200, add --coupling batched (or persistent), "
             "or see --preset amplification.")
 

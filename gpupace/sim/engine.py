@@ -3,12 +3,14 @@
 Timeline of rank i in one step, in us from the previous step's last collective exit:
   optimizer (previous step) -> forward -> backward bucket 0 .. B-1 (compute stream)
   comm stream, per bucket b: natural arrival a = max(gradient ready, exit of bucket b-1)
-  -> pacing delay d (gpupace's one-warp spin) -> entry e = a + d -> the collective starts when
-  the last rank enters, s = max e, and every rank leaves at x = s + transfer.
+  -> pacing delay d (gpupace's one-warp spin) and, when paced, the pacing kernels' own time c
+  -> entry e = a + d + c -> the collective starts when the last rank enters, s = max e, and
+  every rank leaves at x = s + transfer.
 Backward compute of bucket b overlaps the collectives of earlier buckets. While a collective
 kernel is resident on rank i ([e, x): waiting, then transferring) compute runs at
 `1 - coupling`; during a pacing spin ([a, e)) at `1 - paced_coupling`; otherwise at full speed.
 This is the spin coupling: an early rank that waits inside NCCL slows its own next bucket.
+A paced step also starts later by the step's own pacing work (`simulate` adds it to `start`).
 """
 
 from __future__ import annotations
@@ -66,14 +68,15 @@ def arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e):
 
 
 @njit(cache=True)
-def finish_bucket(b, delay_b, xfer_b, a, e, s, x, w, d):
-    """Applies the delays of bucket b, runs its collective and records each rank's wait."""
+def finish_bucket(b, delay_b, xfer_b, cost, a, e, s, x, w, d):
+    """Applies the delays of bucket b and the pacing kernels' `cost`, runs its collective and
+    records each rank's wait (from its entry, as the pacer's enter stamp measures it)."""
     n = a.shape[0]
     last = -np.inf
     for i in range(n):
         di = delay_b[i]
         d[i, b] = di
-        e[i, b] = a[i, b] + di
+        e[i, b] = a[i, b] + di + cost
         if e[i, b] > last:
             last = e[i, b]
     s[b] = last
@@ -83,35 +86,39 @@ def finish_bucket(b, delay_b, xfer_b, a, e, s, x, w, d):
 
 
 @njit(cache=True)
-def run_step(start, fwd, work, xfer, delay, kp, kc, ready, a, e, s, x, w, d, expect, ref, rate):
-    """One whole step with delays planned in advance (policies `none` and `gpupace`), applied
-    as a pacer applies them (`gpupace.policy.deadline_delay`): shortened by how much later
-    than usual the rank arrived, its arrival at bucket b measured from the bucket's exit one
-    step before, `ref[b]` us before this step's origin (NaN on the first step). `expect`
-    [N, B] holds each rank's usual arrival and is updated here."""
+def run_step(start, fwd, work, xfer, delay, cost, kp, kc, ready, a, e, s, x, w, d, expect, ref,
+             rate):
+    """One whole step with delays planned in advance (policies `none` and `gpupace`, which
+    pays `cost` us of its kernels at every collective), applied as a pacer applies them
+    (`gpupace.policy.deadline_delay`): shortened by how much later than usual the rank arrived,
+    its arrival at bucket b measured from the bucket's exit one step before, `ref[b]` us
+    before this step's origin (NaN on the first step). `expect` [N, B] holds each rank's usual
+    arrival and is updated here."""
     applied = np.empty(work.shape[0])
     for b in range(work.shape[1]):
         arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e)
         for i in range(work.shape[0]):
             applied[i], expect[i, b] = deadline_delay(delay[i, b], a[i, b] + ref[b],
                                                       expect[i, b], rate)
-        finish_bucket(b, applied, xfer[b], a, e, s, x, w, d)
+        finish_bucket(b, applied, xfer[b], cost, a, e, s, x, w, d)
 
 
 @njit(cache=True)
-def oracle_advance(b, delay_prev, xfer_prev, start, fwd, work, kp, kc, ready, a, e, s, x, w, d):
+def oracle_advance(b, delay_prev, xfer_prev, cost, start, fwd, work, kp, kc, ready, a, e, s, x,
+                   w, d):
     """Finishes bucket b - 1 with its delays (if b > 0), then computes the natural arrivals of
     bucket b (if b < buckets): one call per bucket for the oracle, which decides each bucket's
     delays from its true arrivals in between."""
     if b > 0:
-        finish_bucket(b - 1, delay_prev, xfer_prev, a, e, s, x, w, d)
+        finish_bucket(b - 1, delay_prev, xfer_prev, cost, a, e, s, x, w, d)
     if b < work.shape[1]:
         arrive_bucket(b, start, fwd, work, s, x, kp, kc, ready, a, e)
 
 
 @njit(cache=True)
-def oracle_step(start, fwd, work, xfer, kp, kc, ready, a, e, s, x, w, d):
-    """One whole step under the oracle: each bucket's delays from its true arrivals,
+def oracle_step(start, fwd, work, xfer, cost, kp, kc, ready, a, e, s, x, w, d):
+    """One whole step under the oracle, paying the pacing kernels' `cost` as the policy does
+    (the best that pacing by them can do): each bucket's delays from its true arrivals,
     d_i = max_j a_j - a_i, which is `gpupace.policy.oracle_delays` with no guard and no cap,
     inlined here because one NumPy call per bucket and step was half the simulator's time
     (tests hold the two equal). None where a pacing spin slows compute at least as much as a
@@ -120,7 +127,7 @@ def oracle_step(start, fwd, work, xfer, kp, kc, ready, a, e, s, x, w, d):
     with kc 0 and kp 0.2, 600 steps, one-off run of 2026-12-01)."""
     delay = np.zeros(a.shape[0])
     for b in range(work.shape[1] + 1):
-        oracle_advance(b, delay, xfer[b - 1] if b > 0 else 0.0, start, fwd, work, kp, kc,
+        oracle_advance(b, delay, xfer[b - 1] if b > 0 else 0.0, cost, start, fwd, work, kp, kc,
                        ready, a, e, s, x, w, d)
         if b < work.shape[1] and kp < kc:
             hi = -np.inf
@@ -190,11 +197,11 @@ def warmup() -> float:
     n, nb = 2, 2
     z = np.zeros((n, nb))
     v = np.zeros(nb)
-    run_step(np.zeros(n), np.ones(n), np.ones((n, nb)), v.copy(), z.copy(), 0.0, 0.1,
+    run_step(np.zeros(n), np.ones(n), np.ones((n, nb)), v.copy(), z.copy(), 0.0, 0.0, 0.1,
              z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy(),
              np.full((n, nb), np.nan), np.zeros(nb), 0.05)
     z2 = np.zeros(nb)
-    oracle_advance(1, v.copy(), 1.0, np.zeros(n), np.ones(n), np.ones((n, nb)), 0.0, 0.1,
+    oracle_advance(1, v.copy(), 1.0, 0.0, np.zeros(n), np.ones(n), np.ones((n, nb)), 0.0, 0.1,
                    z.copy(), z.copy(), z.copy(), v.copy(), v.copy(), z.copy(), z.copy())
     step_stats(z.copy(), z.copy(), z2, np.zeros(n), np.zeros(n))
     ar1(np.zeros(1), np.zeros((2, 1)), 0.5)

@@ -58,6 +58,28 @@ NCCL_COUPLING, SPIN_COUPLING = _couplings(H200_BMM_COUPLING)
 # The persistent matmul's: 0.344 and 0.194, the strongest coupling measured; `amplification`'s.
 PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING = _couplings(H200_MM_COUPLING)
 
+# Pacing's own cost as the device check measured it on an H200 (bench/results/
+# 2026-11-30-nvidia-h200.json, code of 975f711, `figures.overhead`): the time a step with 1 and
+# with 8 paced collectives added per collective, p50 of 9 windows, in a CUDA graph (GPU time)
+# and eager (host time: launches). The step's own work there is its exchange (a one-rank
+# all_gather's launch, no network), reduction and update at 2 ranks.
+H200_GRAPH_ADDED_US = {1: 11.403, 8: 3.099}
+H200_EAGER_ADDED_US = {1: 184.19, 8: 72.16}
+
+
+def _pacing_costs(added: dict[int, float]) -> tuple[float, float]:
+    """(a paced collective's own cost, a step's) from the added time per collective at 1 and
+    8 a step, which is linear in the collectives: step + sites x site."""
+    site = (8 * added[8] - added[1]) / 7
+    return round(site, 2), round(added[1] - site, 2)
+
+
+# 1.91 and 9.49 us: a Scenario's default.
+GRAPH_SITE_US, GRAPH_STEP_US = _pacing_costs(H200_GRAPH_ADDED_US)
+# 56.16 and 128.03 us: a host-bound job's, whose GPU waits for the host's launches (a GPU-bound
+# one hides them; not yet measured inside a real training step).
+EAGER_SITE_US, EAGER_STEP_US = _pacing_costs(H200_EAGER_ADDED_US)
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Scenario:
@@ -155,6 +177,16 @@ class Scenario:
     """Fraction lost while gpupace's one-warp spin holds the stream. Coupled presets use
     `SPIN_COUPLING` (`amplification`: `PERSISTENT_SPIN_COUPLING`), measured on an H200."""
 
+    # -- pacing's own cost (paid by the `gpupace` and `oracle` policies, not by `none`) --------
+    pacing_site_us: float = GRAPH_SITE_US
+    """Time a paced collective's own kernels hold its stream (the stamps around the spin, the
+    exit stamp), added to every rank's entry, delay or none: 1.91 us, measured in a CUDA graph
+    on an H200 (`GRAPH_SITE_US`); eager, `EAGER_SITE_US` of host time."""
+    pacing_step_us: float = GRAPH_STEP_US
+    """Time a paced step's own work (its row, the exchange of rows, the reduction and the
+    update, on the compute stream after the optimizer) delays the next step: 9.49 us, measured
+    in a CUDA graph on an H200 at 2 ranks, without the network (`GRAPH_STEP_US`)."""
+
     def __post_init__(self) -> None:
         for name, (lo, hi, kind) in _RANGES.items():
             _check(name, getattr(self, name), lo, hi, kind)
@@ -247,6 +279,8 @@ _RANGES: dict[str, tuple[float, float, str]] = {
     "contention_rho": (0.0, 1.0, "float"),
     "coupling": (0.0, 0.95, "float"),
     "paced_coupling": (0.0, 0.95, "float"),
+    "pacing_site_us": (0.0, 1e6, "float"),
+    "pacing_step_us": (0.0, 1e6, "float"),
 }
 
 

@@ -10,6 +10,9 @@ Policies:
            equal): the upper bound pacing is judged against. It delays nobody where the
            scenario's pacing spin costs compute at least what a waiting collective does
            (paced_coupling >= coupling): there a delay cannot gain.
+Both paced policies pay pacing's own cost, delay or none: `Scenario.pacing_site_us` at every
+collective, before its entry, and `pacing_step_us` a step, before the next step's forward
+(its exchange, reduction and update run on the compute stream after the optimizer).
 The simulated collectives end at the same instant on every rank, so the clock-free earliness
 the policy estimates equals the true one here; a real fabric adds a few us of exit skew.
 """
@@ -221,6 +224,9 @@ def simulate(
     params = pol.PolicyParams.from_config(cfg, n)
     state = pol.init_state(n, nb)
     kp, kc = float(sc.paced_coupling), float(sc.coupling)
+    paced = policy != "none"
+    site_cost = float(sc.pacing_site_us) if paced else 0.0
+    step_cost = float(sc.pacing_step_us) if paced else 0.0
 
     ready, a, e, w, d = (np.zeros((n, nb)) for _ in range(5))
     s, x = np.zeros(nb), np.zeros(nb)
@@ -245,17 +251,18 @@ def simulate(
     while k < steps:
         c = min(draws.chunk_steps, steps - k)
         ch = draws.next(c)
+        start = ch.opt + step_cost  # the next step's forward waits for the pacing step's work
         out_regime[k:k + c] = ch.regime
         out_cont[k:k + c] = ch.contention
         for j in range(c):
             if policy == "oracle":
-                engine.oracle_step(ch.opt[j], ch.fwd[j], ch.work[j], ch.xfer[j], kp, kc, ready,
-                                   a, e, s, x, w, d)
+                engine.oracle_step(start[j], ch.fwd[j], ch.work[j], ch.xfer[j], site_cost, kp,
+                                   kc, ready, a, e, s, x, w, d)
                 out_active[k] = d.max(axis=0) > 0
             else:
                 delay = state.delay if policy == "gpupace" else zeros
-                engine.run_step(ch.opt[j], ch.fwd[j], ch.work[j], ch.xfer[j], delay, kp, kc,
-                                ready, a, e, s, x, w, d, expect, origin - last_exit,
+                engine.run_step(start[j], ch.fwd[j], ch.work[j], ch.xfer[j], delay, site_cost,
+                                kp, kc, ready, a, e, s, x, w, d, expect, origin - last_exit,
                                 pol.ARRIVAL_RATE)
                 last_exit[:] = origin + x
             x0 = origin + x[0]
