@@ -372,3 +372,19 @@ def test_a_step_keeps_the_order_of_its_collectives_and_their_arithmetic():
     np.testing.assert_allclose(x, s + xfer)
     np.testing.assert_allclose(w, x[None, :] - e)
     assert (w >= 0).all()
+
+
+def test_arrivals_stamped_at_the_hook_keep_the_lateness_the_stream_hides():
+    """One rank 5 ms late from its input, transfers longer than a bucket's compute: on the
+    stream (the device backend) the early ranks' arrivals wait for the collective before, and
+    the spread after the first site is 0; at DDP's hook (the host backend), when each gradient
+    is ready, the rank is 5 ms late at every site."""
+    sc = costless(presets.quiet(1).replace(nvlink_gbs=20.0,
+                                           input_pattern_us=(0.0,) * 7 + (5000.0,)))
+    stream, hook = (simulate(sc, "none", steps=20, stamped=s) for s in ("stream", "hook"))
+    np.testing.assert_allclose(hook.spread_us[1:], 5000.0)
+    np.testing.assert_allclose(stream.spread_us[1:, 0], 5000.0)
+    np.testing.assert_allclose(stream.spread_us[1:, 1:], 0.0, atol=1e-6)
+    np.testing.assert_array_equal(stream.step_us, hook.step_us)  # the same run, seen apart
+    with pytest.raises(ValueError, match="stamped must be one of"):
+        simulate(sc, "none", steps=20, stamped="host")

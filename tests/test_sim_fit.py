@@ -279,3 +279,24 @@ def test_noise_that_hides_where_the_lateness_comes_from_is_said(tmp_path):
     fit = fit_telemetry(path)
     assert fit.input_share == 0.0
     assert any("noise hides whether the late ranks are late from before" in n for n in fit.notes)
+
+
+def test_a_host_backend_file_is_read_with_arrivals_at_the_hook():
+    """The host backend stamps an arrival when DDP's hook fires, so a rank late from its input
+    (the demo's straggler, whose work comes before the forward) is late by as much at every
+    site. On the stream, an early rank's arrival waits for the collective before, which the
+    late rank enters late: a rank 30 ms late with 10 ms buckets shows 30 ms at the first site
+    and about a bucket's compute after it. The share is read against profiles stamped as the
+    file's were (a demo file of 4 ranks on 2 cores, its straggler 37 ms late, read 0, a
+    handicap, against the stream's, and 1.0 against the hook's)."""
+    from gpupace.sim.calibrate import TelemetryFit, _input_share
+
+    true = LATE.replace(input_pattern_us=(0.0,) * 7 + (30_000.0,))
+    spreads = simulate(true, "none", steps=300, seed=1, stamped="hook").spread_us[10:]
+    fit = TelemetryFit(source="host", world_size=8, sites=true.buckets, steps=290,
+                       warmup_steps=0, samples_per_rank=32.0,
+                       compute_us=true.forward_us * 3.0, exposed_comm_us=0.0,
+                       offsets_us=(0.0,) * 7 + (30_000.0,), noise_sigma=0.02, spike_prob=0.0,
+                       spike_us=1000.0, spike_alpha=1.5)
+    assert _input_share(fit, spreads, "hook") == pytest.approx(1.0, abs=0.1) and not fit.notes
+    assert _input_share(fit, spreads, "stream") < 0.5  # read against the wrong stamps

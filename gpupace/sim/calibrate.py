@@ -209,7 +209,9 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     )
     resid = late - med[None, :]
     fit = _with_compute(fit, compute, resid)
-    fit = dataclasses.replace(fit, input_share=_input_share(fit, site_spreads(recs, fit.sites)))
+    stamped = "hook" if tel.header.get("pacer_backend") == "host" else "stream"
+    share = _input_share(fit, site_spreads(recs, fit.sites), stamped)
+    fit = dataclasses.replace(fit, input_share=share)
     return _match_median(fit, resid, float(np.median(step)))
 
 
@@ -235,12 +237,14 @@ def _slope(spreads: np.ndarray) -> float:
     return float(np.polyfit(np.arange(profile.size), profile, 1)[0])
 
 
-def _input_share(fit: TelemetryFit, spreads: np.ndarray | None) -> float:
+def _input_share(fit: TelemetryFit, spreads: np.ndarray | None, stamped: str) -> float:
     """Of each rank's offset, the share from before the backward (an input pipeline), from how
     the file's spread grows over the sites. A handicap through the backward makes a late rank
     fall behind site by site; lateness from before it is there in full at the first site: 1000,
     1333, 1667, 2000 us at 4 sites against 2000 at each. Noise grows the spread too, so the
-    two are simulated with the fitted noise, and the file's growth placed between theirs. 0,
+    two are simulated with the fitted noise, their arrivals `stamped` as the file's were (the
+    host backend's at the hook, flat from an input, the device's on the stream, where an
+    early rank's waits for the collective before), and the file's growth placed between. 0,
     with a note, where the file's steps leave that place uncertain (a bootstrap's standard
     error over PROFILE_SE of the way between the two): noise then hides it."""
     from .simulate import simulate
@@ -256,7 +260,7 @@ def _input_share(fit: TelemetryFit, spreads: np.ndarray | None) -> float:
     growth = []
     for share in (0.0, 1.0):
         sc = dataclasses.replace(fit, input_share=share).scenario(1, fit.world_size)
-        res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0)
+        res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0, stamped=stamped)
         growth.append(_slope(res.spread_us[PROFILE_STEPS // 10:]))
     way = growth[0] - growth[1]
     rng = np.random.default_rng(0)

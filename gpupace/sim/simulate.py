@@ -36,6 +36,7 @@ from .draws import CHUNK_FLOATS, Draws, input_offsets_us, locality_offsets_us
 from .scenario import Scenario
 
 POLICIES = ("none", "gpupace", "oracle")
+STAMPED = ("stream", "hook")  # where arrivals are stamped: see `simulate`
 MAX_STEPS = 10_000_000
 # Keep per-site arrays [steps, ranks, sites] (two float64 arrays) only up to this many entries:
 # 64 MB each.
@@ -196,12 +197,16 @@ def simulate(
     *,
     keep_sites: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stamped: str = "stream",
 ) -> SimResult:
     """Simulates `steps` steps of `scenario` under `policy` ("none", "gpupace" or "oracle").
     `config` is the PaceConfig of the gpupace policy (default: PaceConfig(mode="pace")).
     `keep_sites`: keep [steps, ranks, sites] wait and delay arrays (needed to write telemetry);
     default: when they hold at most 8 M entries. `progress(done, total)` is called now and
-    then. Raises ValueError naming any bad argument."""
+    then. `stamped`: where the spread and earliness are measured, as a pacer stamps arrivals:
+    "stream" (the device backend, on the collective's stream: after the collective before it)
+    or "hook" (the host backend, when DDP's hook fires: as soon as the gradient is ready).
+    Raises ValueError naming any bad argument."""
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a gpupace.sim.Scenario, got {type(scenario).__name__}")
     if policy not in POLICIES:
@@ -210,6 +215,8 @@ def simulate(
         raise ValueError(f"steps must be an integer in [2, {MAX_STEPS}], got {steps!r}")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    if stamped not in STAMPED:
+        raise ValueError(f"stamped must be one of {STAMPED}, got {stamped!r}")
     cfg = config if config is not None else PaceConfig(mode="pace")
     if not isinstance(cfg, PaceConfig):
         raise ValueError(f"config must be a PaceConfig, got {type(cfg).__name__}")
@@ -270,7 +277,8 @@ def simulate(
             out_step[k] = step_us
             prev_x0 = x0
             origin += x[nb - 1]
-            engine.step_stats(a, d, out_spread[k], early, delay_sum)
+            engine.step_stats(a if stamped == "stream" else ready, d, out_spread[k], early,
+                              delay_sum)
             out_early[k] = early
             out_delay[k] = delay_sum
             if keep_sites:
