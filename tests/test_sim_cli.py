@@ -327,7 +327,9 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     rc = main(["simulate", "--from-telemetry", str(path), "--nodes", "1", "--steps", "100",
                "--coupling", "batched", "--json", str(js)])
     assert rc == 0
-    assert json.loads(js.read_text())["coupling"] == {"collective": 0.052, "spin": 0.031}
+    doc = json.loads(js.read_text())
+    assert doc["coupling"] == {"collective": 0.052, "spin": 0.031}
+    assert doc["fit"]["given"] == {"coupling": 0.052, "paced_coupling": 0.031}  # matched with
     out = capsys.readouterr().out
     assert "coupling batched" in out and "no coupling" not in out
 

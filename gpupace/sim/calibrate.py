@@ -45,6 +45,12 @@ from ..telemetry import StepRecord, first_measured_step, read_telemetry
 from .scenario import MAX_SPIKE_CLIP, Scenario
 
 SPIKE_SIGMAS = 6.0  # lateness beyond this many robust sigmas counts as a stall
+# The Scenario fields `TelemetryFit.scenario` sets from the fit: not `given` (a given one
+# overrode the fit: forward_us moved nothing the matching of compute moved).
+FITTED_FIELDS = ("name", "nodes", "gpus_per_node", "samples_per_rank", "forward_us",
+                 "backward_ratio", "optimizer_us", "grad_mb", "bucket_mb", "noise_sigma",
+                 "spike_prob", "spike_us", "spike_alpha", "spike_clip", "locality_pattern_us",
+                 "input_pattern_us")
 PAPER_TARGET_CV = 0.22  # the study's baseline step-time CV at 64 nodes
 PAPER_TARGET_THROUGHPUT = 8200.0  # the study's baseline samples/s at 64 nodes
 DEFAULT_SAMPLES_PER_RANK = Scenario.__dataclass_fields__["samples_per_rank"].default
@@ -106,30 +112,39 @@ class TelemetryFit:
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
+    def late(self) -> np.ndarray:
+        """Which ranks are steadily late, bool per rank: at fewer than SMALL_WORLD ranks, an
+        offset of MIN_OFFSET_US or more (a lower half of 2 gives no noise to cut by); else 6 sd
+        above the lower half of the offsets, the on-time ranks' (their noise from that half's
+        spread: a half-normal's sd is 0.603 of the whole's). Not the noise every rank's median
+        lateness behind the earliest one holds (75 "late" of 128 with 32 truly so, by a cut at
+        100 us); not a median-based cut, which sat between the groups with half the ranks late
+        and named none; not the lower tail's quantiles alone, which named some in 1 seed of 100
+        of noise alone."""
+        offsets = np.asarray(self.offsets_us, dtype=np.float64)
+        if offsets.size < SMALL_WORLD:
+            return offsets >= MIN_OFFSET_US
+        low = offsets[offsets <= np.median(offsets)]
+        sd = float(np.std(low)) / 0.603
+        return offsets >= max(MIN_OFFSET_US, float(low.max()) + 6.0 * sd)
+
     def describe(self) -> str:
         """The fit in one line (`to_dict` holds every rank's offset: 10 KB at 512 ranks)."""
         offsets = np.asarray(self.offsets_us, dtype=np.float64)
-        if offsets.size < SMALL_WORLD:  # each offset said (a lower half of 2 gives no noise)
-            named = [f"rank {r} {_us(v)}" for r, v in enumerate(offsets) if v >= MIN_OFFSET_US]
+        late = offsets[self.late()]
+        if offsets.size < SMALL_WORLD:  # each offset said
+            named = [f"rank {r} {_us(offsets[r])}" for r in np.flatnonzero(self.late())]
             ranks = ("steady offsets behind the earliest rank: " + ", ".join(named)) if named \
                 else "no steady offset"
         else:
-            # Late: 6 sd above the lower half of the offsets, the on-time ranks' (their noise
-            # from that half's spread: a half-normal's sd is 0.603 of the whole's). Not the
-            # noise every rank's median lateness behind the earliest one holds (75 "late" of
-            # 128 with 32 truly so, by a cut at 100 us); not a median-based cut, which sat
-            # between the groups with half the ranks late and named none; not the lower
-            # tail's quantiles alone, which named some in 1 seed of 100 of noise alone.
-            low = offsets[offsets <= np.median(offsets)]
-            sd = float(np.std(low)) / 0.603
-            late = offsets[offsets >= max(MIN_OFFSET_US, float(low.max()) + 6.0 * sd)]
             ranks = (f"{late.size} rank{'s' if late.size != 1 else ''} steadily late (up to "
                      f"{late.max() / 1e3:.1f} ms)") if late.size else "no steadily late rank"
         stalls = (f"stalls on {100 * self.spike_prob:.2f}% of rank-steps (from "
                   f"{_us(self.spike_us)} to {_us(self.spike_us * self.spike_clip)}, tail "
                   f"{self.spike_alpha:.1f})") if self.spike_prob > 0 else "no stalls"
-        if round(100 * self.input_share) > 0 and max(self.offsets_us, default=0.0) >= MIN_OFFSET_US:
-            ranks += f" ({100 * self.input_share:.0f}% of it from before the backward)"
+        if round(100 * self.input_share) > 0 and late.size:
+            how = "" if self.given.get("coupling") else ", read without a coupling"
+            ranks += f" ({100 * self.input_share:.0f}% of it from before the backward{how})"
         return (f"{self.world_size} ranks, {self.sites} site{'s' if self.sites != 1 else ''}, "
                 f"{self.steps} steps ("
                 f"{self.warmup_steps} of warm-up left out): compute {self.compute_us / 1e3:.1f} ms, "
@@ -151,9 +166,14 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     """Fits compute, locality offsets and jitter from a telemetry file (see the module doc).
     `given`: `Scenario` fields the job has that no file shows, e.g. `coupling=NCCL_COUPLING,
     paced_coupling=SPIN_COUPLING` (measured on an H200): the compute is matched to the file's
-    step time with them (fitted without, the job with a coupling ran up to ~2% slower than its
-    file), and the fit's scenarios keep them. Raises ValueError when the file has too few
+    step time with them (fitted without, a noisy 4-rank job given the persistent coupling ran
+    1.1-1.7% slower than its file), and the fit's scenarios keep them. Raises ValueError when the file has too few
     usable steps or ranks, or naming a bad field."""
+    fitted = sorted(set(given) & set(FITTED_FIELDS))
+    if fitted:
+        raise ValueError(f"fit_telemetry fits or sets {', '.join(fitted)} itself; give it only "
+                         "what no file shows (a coupling, pacing's cost, the fabric), or pass "
+                         "changes to the fit's scenario()")
     Scenario().replace(**given)  # a bad field or value, before the file is read
     tel = read_telemetry(path)
     warmup = first_measured_step(tel.header)
@@ -199,6 +219,16 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
                      "an offset that is noise; fit from a run of 4 ranks or more where you can")
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
+    if tel.header.get("source") == "pacer":
+        notes.append("a pacer's file: its job paid pacing's own cost (its stamps and each "
+                     "step's exchange run in observe mode too), which the fitted job keeps in "
+                     "its none row and pays again in its gpupace and oracle rows")
+    paced = np.mean([np.nansum(r.delay_us) > 0 for r in recs])
+    if paced > 0:
+        notes.append(f"a paced run (delays in {100 * paced:.0f}% of the steps): its arrivals are "
+                     "read as they would have come, but the delays moved the compute after them; "
+                     "a run of the job unpaced (observe mode, as the demo's baseline) fits the "
+                     "job itself")
     fit = TelemetryFit(
         source=str(tel.header.get("label") or tel.header.get("source") or "telemetry"),
         world_size=n, sites=steady_site_count(recs, tel.header), steps=len(recs),
@@ -238,39 +268,43 @@ def _slope(spreads: np.ndarray) -> float:
 
 
 def _input_share(fit: TelemetryFit, spreads: np.ndarray | None, stamped: str) -> float:
-    """Of each rank's offset, the share from before the backward (an input pipeline), from how
-    the file's spread grows over the sites. A handicap through the backward makes a late rank
-    fall behind site by site; lateness from before it is there in full at the first site: 1000,
-    1333, 1667, 2000 us at 4 sites against 2000 at each. Noise grows the spread too, so the
-    two are simulated with the fitted noise, their arrivals `stamped` as the file's were (the
-    host backend's at the hook, flat from an input, the device's on the stream, where an
-    early rank's waits for the collective before), and the file's growth placed between. 0,
-    with a note, where the file's steps leave that place uncertain (a bootstrap's standard
-    error over PROFILE_SE of the way between the two): noise then hides it."""
+    """Of each late rank's offset, the share from before the backward (an input pipeline),
+    from how the file's spread grows over the sites. A handicap through the backward makes a
+    late rank fall behind site by site (1000, 1333, 1667, 2000 us at 4 sites for 2 ms);
+    lateness from before it is there in full from the first site (2000 at each where arrivals
+    are stamped at DDP's hook, as the host backend does; on the stream an early rank's arrival
+    waits for the collective before, so a rank later than a bucket's compute shows about that
+    after the first site). Noise grows the spread too, so the two are simulated
+    with the fitted noise, stamped as the file's were, and the file's growth is placed between
+    theirs. 0 (a handicap), with a note, where that place is uncertain (a bootstrap's standard
+    error over PROFILE_SE of the way: the file's noise). Read with the coupling the fit was
+    given, or none: a coupling slows the early ranks that wait, which moves the profiles (a
+    flat file read 1.00 without one and 0.73 with the batched one measured on an H200)."""
     from .simulate import simulate
 
-    top = max(fit.offsets_us, default=0.0)
-    if fit.sites < 2 or top < MIN_OFFSET_US or spreads is None:
+    if fit.sites < 2 or not fit.late().any():
         return 0.0  # one site: the two arrive alike there, and nothing overlaps after it
-    if fit.world_size > MAX_GPUS_PER_NODE:
-        fit.notes.append(f"offsets simulated as handicaps through the backward: {fit.world_size} "
-                         f"ranks do not fit one simulated node (at most {MAX_GPUS_PER_NODE}) "
-                         "to tell lateness from before it")
+    unread = "late ranks simulated as falling behind through the backward: "
+    if spreads is None:
+        fit.notes.append(unread + "fewer than 10 steps measured the spread at every site")
         return 0.0
+    if fit.world_size > MAX_GPUS_PER_NODE:
+        fit.notes.append(unread + f"{fit.world_size} ranks do not fit one simulated node (at "
+                         f"most {MAX_GPUS_PER_NODE}) to tell lateness from before it")
+        return 0.0
+    rng = np.random.default_rng(0)
+    se = float(np.std([_slope(spreads[rng.integers(0, len(spreads), len(spreads))])
+                       for _ in range(200)]))
     growth = []
     for share in (0.0, 1.0):
         sc = dataclasses.replace(fit, input_share=share).scenario(1, fit.world_size)
         res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0, stamped=stamped)
         growth.append(_slope(res.spread_us[PROFILE_STEPS // 10:]))
     way = growth[0] - growth[1]
-    rng = np.random.default_rng(0)
-    boot = [_slope(spreads[rng.integers(0, len(spreads), len(spreads))]) for _ in range(200)]
-    if way <= 0 or float(np.std(boot)) > PROFILE_SE * way:
-        fit.notes.append(
-            "offsets simulated as handicaps through the backward: the file's noise hides "
-            "whether the late ranks are late from before it (a slow input pipeline, whose wait "
-            "the peers' collectives turn into lateness under a coupling) or fall behind "
-            "through it")
+    if way <= 0 or se > PROFILE_SE * way:
+        fit.notes.append(unread + "the file's noise hides whether the late ranks are late from "
+                         "before it (a slow input pipeline, whose wait the peers' collectives "
+                         "turn into lateness under a coupling) or fall behind through it")
         return 0.0
     return float(min(max((growth[0] - _slope(spreads)) / way, 0.0), 1.0))
 
