@@ -227,7 +227,7 @@ def test_a_small_fit_says_each_ranks_offset():
     """4 ranks, offsets 0, 3.9, 6.1 and 17.2 ms (a demo's persistent straggler): the cut 6 sd
     above the lower half, 2 offsets, was 23 ms, and the fit said 'no steadily late rank' while
     it modelled rank 3 17 ms late."""
-    from gpupace.sim.calibrate import TelemetryFit
+    from gpupace.sim.calibrate import FITTED_FIELDS, TelemetryFit
 
     fit = TelemetryFit(source="demo", world_size=4, sites=1, steps=100, warmup_steps=0,
                        samples_per_rank=1.0, compute_us=1e4, exposed_comm_us=0.0,
@@ -237,6 +237,14 @@ def test_a_small_fit_says_each_ranks_offset():
                                    "rank 2 6.1 ms, rank 3 17.2 ms"), fit.describe()
     quiet = dataclasses.replace(fit, offsets_us=(0.0, 20.0, 50.0, 0.0))
     assert quiet.describe().endswith("no steady offset"), quiet.describe()
+    # the share from before the backward, and whether it was read with a coupling
+    before = dataclasses.replace(fit, input_share=0.6)
+    assert before.describe().endswith("(60% of it from before the backward, read without a "
+                                      "coupling)"), before.describe()
+    coupled = dataclasses.replace(before, given={"coupling": 0.052, "paced_coupling": 0.031})
+    assert coupled.describe().endswith("(60% of it from before the backward)")
+    # the fields a fit sets are those fit_telemetry refuses to be given
+    assert set(fit.fitted(1, 4)) == set(FITTED_FIELDS)
 
 
 def test_the_fit_names_no_late_rank_in_offsets_of_noise_alone():
@@ -287,25 +295,33 @@ def test_noise_that_hides_where_the_lateness_comes_from_is_said(tmp_path):
     assert any("noise hides whether the late ranks are late from before" in n for n in fit.notes)
 
 
-def test_a_host_backend_file_is_read_with_arrivals_at_the_hook():
+def test_a_host_backend_file_is_read_with_arrivals_at_the_hook(tmp_path):
     """The host backend stamps an arrival when DDP's hook fires, so a rank late from its input
     (the demo's straggler, whose work comes before the forward) is late by as much at every
     site. On the stream, an early rank's arrival waits for the collective before, which the
     late rank enters late: a rank 30 ms late with 10 ms buckets shows 30 ms at the first site
-    and about a bucket's compute after it. The share is read against profiles stamped as the
-    file's were (a demo file of 4 ranks on 2 cores, its straggler 37 ms late, read 0, a
-    handicap, against the stream's, and 1.0 against the hook's)."""
-    from gpupace.sim.calibrate import TelemetryFit, _input_share
+    and about a bucket's compute after it. A file is read as its header says it was stamped
+    (a demo file of 4 ranks on 2 cores, its straggler 37 ms late, read 0, a handicap, against
+    the stream's profiles, and 1.0 against the hook's)."""
+    from gpupace.sim.cli import unfitted
 
     true = LATE.replace(input_pattern_us=(0.0,) * 7 + (30_000.0,))
-    spreads = simulate(true, "none", steps=300, seed=1, stamped="hook").spread_us[10:]
-    fit = TelemetryFit(source="host", world_size=8, sites=true.buckets, steps=290,
-                       warmup_steps=0, samples_per_rank=32.0,
-                       compute_us=true.forward_us * 3.0, exposed_comm_us=0.0,
-                       offsets_us=(0.0,) * 7 + (30_000.0,), noise_sigma=0.02, spike_prob=0.0,
-                       spike_us=1000.0, spike_alpha=1.5)
-    assert _input_share(fit, spreads, "hook") == pytest.approx(1.0, abs=0.1) and not fit.notes
-    assert _input_share(fit, spreads, "stream") < 0.5  # read against the wrong stamps
+    res = simulate(true, "none", steps=300, seed=1, keep_sites=True, stamped="hook")
+    host = write_telemetry(res, tmp_path / "host.jsonl")
+    fit = fit_telemetry(host)
+    assert fit.stamped == "hook" and fit.input_share == pytest.approx(1.0, abs=0.1), fit
+    assert fit.offsets_us[-1] == pytest.approx(30_000.0, rel=0.05)
+    assert any(n.startswith("a host backend's file") for n in fit.notes), fit.notes
+    assert "reads short at later collectives" not in unfitted(fit.stamped)
+    # the same file read as if stamped on the stream
+    lines = host.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["sim"]["stamped"] = "stream"
+    stream = tmp_path / "as_stream.jsonl"
+    stream.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    misread = fit_telemetry(stream)
+    assert misread.stamped == "stream" and misread.input_share < 0.5
+    assert "reads short at later collectives" in unfitted(misread.stamped)
 
 
 def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
@@ -331,9 +347,13 @@ def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
     assert any("fewer than 10 steps measured the spread at every site" in n for n in fit.notes)
 
     write_pacer_file(tmp_path / "pacer.jsonl")
-    assert any("a pacer's file: its job paid pacing's own cost" in n
+    assert any("a pacer's file: its job paid its pacer's own cost" in n
                for n in fit_telemetry(tmp_path / "pacer.jsonl").notes)
-    paced = write_telemetry(simulate(late, "gpupace", steps=300, seed=1, keep_sites=True),
-                            tmp_path / "paced.jsonl")
-    assert any(n.startswith("a paced run (delays in") for n in fit_telemetry(paced).notes)
+    # paced: the delays moved the later arrivals (a demo's paced files read 1.7-2.0 of the way
+    # from a handicap to an input, past either), so the share is not read
+    paced = fit_telemetry(write_telemetry(simulate(late, "gpupace", steps=300, seed=1,
+                                                   keep_sites=True), tmp_path / "paced.jsonl"))
+    assert paced.input_share == 0.0
+    assert any(n.startswith("a paced run (delays in") and "is not read" in n
+               for n in paced.notes), paced.notes
 

@@ -87,13 +87,18 @@ class TelemetryFit:
     spike_alpha: float
     spike_clip: float = 100.0  # the longest stall in the file, in units of spike_us
     input_share: float = 0.0  # of each offset, the part from before the backward (0 to 1)
+    stamped: str = "stream"  # where the file's arrivals were stamped (`stamps`)
     notes: list[str] = field(default_factory=list)
     given: dict[str, Any] = field(default_factory=dict)  # Scenario fields given, not fitted
 
     def scenario(self, nodes: int, gpus_per_node: int = 8, **changes: Any) -> Scenario:
         """The fitted job at `nodes` x `gpus_per_node` ranks, with the fields it was fitted
         with (`given`); `changes` set any other `Scenario` field."""
-        return Scenario(
+        return Scenario(**self.fitted(nodes, gpus_per_node)).replace(**{**self.given, **changes})
+
+    def fitted(self, nodes: int, gpus_per_node: int) -> dict[str, Any]:
+        """The `Scenario` fields the fit sets (FITTED_FIELDS)."""
+        return dict(
             name=f"fit:{self.source}", nodes=nodes, gpus_per_node=gpus_per_node,
             samples_per_rank=self.samples_per_rank,
             forward_us=self.compute_us / 3.0, backward_ratio=2.0,
@@ -107,7 +112,7 @@ class TelemetryFit:
             spike_clip=self.spike_clip,
             locality_pattern_us=tuple((1.0 - self.input_share) * v for v in self.offsets_us),
             input_pattern_us=tuple(self.input_share * v for v in self.offsets_us),
-        ).replace(**{**self.given, **changes})
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -220,15 +225,20 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
     if tel.header.get("source") == "pacer":
-        notes.append("a pacer's file: its job paid pacing's own cost (its stamps and each "
+        notes.append("a pacer's file: its job paid its pacer's own cost (its stamps and each "
                      "step's exchange run in observe mode too), which the fitted job keeps in "
-                     "its none row and pays again in its gpupace and oracle rows")
-    paced = np.mean([np.nansum(r.delay_us) > 0 for r in recs])
+                     "its none row; its gpupace and oracle rows pay --pacing-cost's on top")
+    stamped = stamps(tel.header)
+    if stamped == "hook":
+        notes.append("a host backend's file: each collective's time (the last rank's wait) "
+                     "counts its wait behind the collectives before it, so the exposed "
+                     "communication may read long and the compute short")
+    paced = float(np.mean([np.nansum(r.delay_us) > 0 for r in recs]))
     if paced > 0:
-        notes.append(f"a paced run (delays in {100 * paced:.0f}% of the steps): its arrivals are "
-                     "read as they would have come, but the delays moved the compute after them; "
-                     "a run of the job unpaced (observe mode, as the demo's baseline) fits the "
-                     "job itself")
+        notes.append(f"a paced run (delays in {100 * paced:.0f}% of the steps): the delays moved "
+                     "the compute and arrivals after them, so the share of lateness from before "
+                     "the backward is not read (simulated through it); a run of the job "
+                     "unpaced (observe mode, as the demo's baseline) fits the job itself")
     fit = TelemetryFit(
         source=str(tel.header.get("label") or tel.header.get("source") or "telemetry"),
         world_size=n, sites=steady_site_count(recs, tel.header), steps=len(recs),
@@ -236,12 +246,13 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
         compute_us=compute, exposed_comm_us=exposed,
         offsets_us=tuple(float(v) for v in offsets), noise_sigma=0.0, spike_prob=0.0,
         spike_us=1000.0, spike_alpha=DEFAULT_SPIKE_ALPHA, notes=notes, given=dict(given),
+        stamped=stamped,
     )
     resid = late - med[None, :]
     fit = _with_compute(fit, compute, resid)
-    stamped = "hook" if tel.header.get("pacer_backend") == "host" else "stream"
-    share = _input_share(fit, site_spreads(recs, fit.sites), stamped)
-    fit = dataclasses.replace(fit, input_share=share)
+    if not paced:
+        share = _input_share(fit, site_spreads(recs, fit.sites))
+        fit = dataclasses.replace(fit, input_share=share)
     return _match_median(fit, resid, float(np.median(step)))
 
 
@@ -267,7 +278,16 @@ def _slope(spreads: np.ndarray) -> float:
     return float(np.polyfit(np.arange(profile.size), profile, 1)[0])
 
 
-def _input_share(fit: TelemetryFit, spreads: np.ndarray | None, stamped: str) -> float:
+def stamps(header: dict[str, Any]) -> str:
+    """Where a file's arrivals were stamped (`simulate`'s `stamped`): "hook" for the host
+    backend's and a simulated run's stamped so, else "stream" (the device backend's)."""
+    sim = header.get("sim")
+    hook = header.get("pacer_backend") == "host" or (
+        isinstance(sim, dict) and sim.get("stamped") == "hook")
+    return "hook" if hook else "stream"
+
+
+def _input_share(fit: TelemetryFit, spreads: np.ndarray | None) -> float:
     """Of each late rank's offset, the share from before the backward (an input pipeline),
     from how the file's spread grows over the sites. A handicap through the backward makes a
     late rank fall behind site by site (1000, 1333, 1667, 2000 us at 4 sites for 2 ms);
@@ -279,7 +299,8 @@ def _input_share(fit: TelemetryFit, spreads: np.ndarray | None, stamped: str) ->
     theirs. 0 (a handicap), with a note, where that place is uncertain (a bootstrap's standard
     error over PROFILE_SE of the way: the file's noise). Read with the coupling the fit was
     given, or none: a coupling slows the early ranks that wait, which moves the profiles (a
-    flat file read 1.00 without one and 0.73 with the batched one measured on an H200)."""
+    stream-stamped file of one rank 2 ms late from its input, no noise, read 1.00 without one
+    and 0.73 with the batched one measured on an H200; a hook-stamped one, 1.00 and 0.82)."""
     from .simulate import simulate
 
     if fit.sites < 2 or not fit.late().any():
@@ -298,7 +319,7 @@ def _input_share(fit: TelemetryFit, spreads: np.ndarray | None, stamped: str) ->
     growth = []
     for share in (0.0, 1.0):
         sc = dataclasses.replace(fit, input_share=share).scenario(1, fit.world_size)
-        res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0, stamped=stamped)
+        res = simulate(sc, "none", steps=PROFILE_STEPS, seed=0, stamped=fit.stamped)
         growth.append(_slope(res.spread_us[PROFILE_STEPS // 10:]))
     way = growth[0] - growth[1]
     if way <= 0 or se > PROFILE_SE * way:

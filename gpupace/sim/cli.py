@@ -53,19 +53,8 @@ from .table import finite, format_table, plot_table, scaling_table
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
 # default) and 20 more measured steps at the least.
 MIN_STEPS = 50
-# What a fit leaves out, said beside every fitted table: one file of a few ranks on one host
-# cannot show them, and scaled out to 64 nodes the paper preset's own 4-node file predicted
-# 9357 samples/s at CV 0.02 where the preset gives 8009 at 0.25 (regimes and the fabric made
-# nearly all of it; bench/results/sim_fit_gap_intel-xeon-2c_20261201.md).
-UNFITTED = ("not fitted, as one file of a few ranks shows none of them: fabric contention, "
-            "regime switches, the coupling, the gradients' size (25 MB a collective assumed); "
-            "and a rank's lateness reads short at later collectives (its arrival waits for the "
-            "one before), so handicaps may be under-read; and which late rank is late from "
-            "before the backward and which falls behind through it: one share of the two is "
-            "fitted for all (their mix, one late each way, is the amplification pacing works "
-            "on: in four simulated 8-rank cases of it, the fit kept between none and half of "
-            "the oracle's gain of +0.06% to +0.53%). Scaled out, the figures leave all of "
-            "these out")
+
+
 # PaceConfig's fields the simulated policy does not read (its mode is "pace", whatever
 # GPUPACE_MODE says): left out of the note on the environment's settings.
 NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig)
@@ -244,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
         def make(n: int) -> Scenario:
             return fit.scenario(n, args.gpus_per_node)
         print(f"fitted from {args.from_telemetry}: {fit.describe()}")
-        for note in (*fit.notes, UNFITTED):
+        for note in (*fit.notes, unfitted(fit.stamped)):
             print(f"fit: {note}")
     else:
         name = args.preset or "paper"
@@ -356,6 +345,23 @@ def keeps_a_result(telemetry: str | None) -> bool:
 def with_changes(make: Callable[[int], Scenario], **changes: Any) -> Callable[[int], Scenario]:
     """`make` with `changes` to its scenarios' fields."""
     return lambda n: make(n).replace(**changes)
+
+
+def unfitted(stamped: str) -> str:
+    """What a fit leaves out, said beside every fitted table: one file of a few ranks on one
+    host cannot show it, and scaled out to 64 nodes the paper preset's own 4-node file
+    predicted 9357 samples/s at CV 0.02 where the preset gives 8009 at 0.25 (regimes and the
+    fabric made nearly all of it; bench/results/sim_fit_gap_intel-xeon-2c_20261201.md)."""
+    short = ("; and a rank's lateness reads short at later collectives (its arrival on the "
+             "stream waits for the one before), so handicaps may be under-read"
+             if stamped == "stream" else "")
+    return ("not fitted, as one file of a few ranks shows none of them: fabric contention, "
+            "regime switches, the coupling, the gradients' size (25 MB a collective assumed)"
+            f"{short}; and which late rank is late from before the backward and which falls "
+            "behind through it: one share of the two is fitted for all (their mix, one late "
+            "each way, is the amplification pacing works on: in four simulated 8-rank cases of "
+            "it, one-off runs, the fit kept between none and half of the oracle's gain of "
+            "+0.06% to +0.53%). Scaled out, the figures leave all of these out")
 
 
 def pacing_cost_note(kind: str) -> str:

@@ -48,6 +48,7 @@ def sim_header(result: SimResult, label: str | None = None) -> dict[str, Any]:
         "failure_modes": sc.failure_modes(),
         "slow_ranks": list(result.slow_ranks),
         "scenario": sc.to_dict(),
+        "stamped": result.stamped,
     }
     return header
 

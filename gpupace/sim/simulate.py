@@ -71,6 +71,7 @@ class SimResult:
     site_delay_us: np.ndarray | None = None  # [steps, ranks, sites] when kept
     elapsed_s: float = 0.0  # wall time of the run, compile excluded
     policy_s: float = 0.0  # of which in gpupace.policy.update (the oracle runs inside the engine)
+    stamped: str = "stream"  # where its arrivals are measured (`simulate`)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -203,9 +204,11 @@ def simulate(
     `config` is the PaceConfig of the gpupace policy (default: PaceConfig(mode="pace")).
     `keep_sites`: keep [steps, ranks, sites] wait and delay arrays (needed to write telemetry);
     default: when they hold at most 8 M entries. `progress(done, total)` is called now and
-    then. `stamped`: where the spread and earliness are measured, as a pacer stamps arrivals:
-    "stream" (the device backend, on the collective's stream: after the collective before it)
-    or "hook" (the host backend, when DDP's hook fires: as soon as the gradient is ready).
+    then. `stamped`: where the result measures arrivals (its spread, earliness and per-site
+    waits), as a pacer stamps them: "stream" (the device backend, on the collective's stream:
+    after the collective before it) or "hook" (the host backend, when DDP's hook fires: as
+    soon as the gradient is ready). The run, and the gpupace policy's inputs, stay the
+    stream's.
     Raises ValueError naming any bad argument."""
     if not isinstance(scenario, Scenario):
         raise ValueError(f"scenario must be a gpupace.sim.Scenario, got {type(scenario).__name__}")
@@ -282,7 +285,7 @@ def simulate(
             out_early[k] = early
             out_delay[k] = delay_sum
             if keep_sites:
-                site_w[k] = w
+                site_w[k] = w if stamped == "stream" else w + (a - ready)  # from the hook
                 site_d[k] = d
             if policy == "gpupace":
                 tq = time.perf_counter()
@@ -302,5 +305,6 @@ def simulate(
         spread_us=out_spread, active=out_active, earliness_us=out_early, delay_us=out_delay,
         regime=out_regime, contention=out_cont, slow_ranks=slow, site_wait_us=site_w,
         site_delay_us=site_d, elapsed_s=time.perf_counter() - t0, policy_s=t_policy,
+        stamped=stamped,
         extra={"n_last": state.n_last.copy()} if policy == "gpupace" else {},
     )
