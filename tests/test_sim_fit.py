@@ -322,6 +322,27 @@ def test_a_host_backend_file_is_read_with_arrivals_at_the_hook(tmp_path):
     misread = fit_telemetry(stream)
     assert misread.stamped == "stream" and misread.input_share < 0.5
     assert "reads short at later collectives" in unfitted(misread.stamped)
+    # a pacer's header says its backend: the host one stamps at the hook
+    header["pacer_backend"] = "host"
+    stream.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert fit_telemetry(stream).input_share == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.parametrize("header, want", [
+    ({"source": "pacer", "pacer_backend": "host"}, "hook"),
+    ({"source": "pacer", "pacer_backend": "device"}, "stream"),
+    # before pacer_backend (2026-11-30): a gloo group or a CPU torch ran the host backend
+    ({"source": "pacer", "process_group_backend": "gloo"}, "hook"),
+    ({"source": "pacer", "versions": {"torch": "2.13.0+cpu"}}, "hook"),
+    ({"source": "pacer", "process_group_backend": "nccl", "versions": {"torch": "2.13.0"}},
+     "stream"),
+    ({"source": "sim", "sim": {"stamped": "hook"}}, "hook"),
+    ({"source": "sim", "sim": {}}, "stream"),  # before 2026-12-02: the stream's waits
+])
+def test_a_files_stamps_are_read_from_its_header(header, want):
+    from gpupace.sim.calibrate import stamps
+
+    assert stamps(header) == want
 
 
 def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
@@ -349,11 +370,20 @@ def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
     write_pacer_file(tmp_path / "pacer.jsonl")
     assert any("a pacer's file: its job paid its pacer's own cost" in n
                for n in fit_telemetry(tmp_path / "pacer.jsonl").notes)
-    # paced: the delays moved the later arrivals (a demo's paced files read 1.7-2.0 of the way
-    # from a handicap to an input, past either), so the share is not read
+    # paced: the share is read from the steps without a delay where they are half or more (a
+    # delay moves the arrivals after it), else from all; one delayed step of 300 is said as
+    # such, not as 0%
     paced = fit_telemetry(write_telemetry(simulate(late, "gpupace", steps=300, seed=1,
                                                    keep_sites=True), tmp_path / "paced.jsonl"))
-    assert paced.input_share == 0.0
-    assert any(n.startswith("a paced run (delays in") and "is not read" in n
-               for n in paced.notes), paced.notes
+    assert paced.input_share == pytest.approx(1.0, abs=0.1)
+    assert any(n.startswith("a paced run (delays in 290 of its 300 steps)") and
+               "read from all its steps" in n for n in paced.notes), paced.notes
+    records = [json.loads(ln) for ln in lines[1:]]
+    records[3]["delay_us"][3] = 0.5
+    one = tmp_path / "one.jsonl"
+    one.write_text("\n".join([lines[0], *map(json.dumps, records)]) + "\n")
+    fit = fit_telemetry(one)
+    assert fit.input_share == pytest.approx(1.0, abs=0.1)
+    assert any(n.startswith("a paced run (delays in 1 of its 300 steps)") and
+               "read from its steps without one" in n for n in fit.notes)
 
