@@ -62,7 +62,9 @@ PERSISTENT_NCCL_COUPLING, PERSISTENT_SPIN_COUPLING = _couplings(H200_MM_COUPLING
 # 2026-11-30-nvidia-h200.json, code of 975f711, `figures.overhead`): the time a step with 1 and
 # with 8 paced collectives added per collective, p50 of 9 windows, in a CUDA graph (GPU time)
 # and eager (host time: launches). The step's own work there is its exchange (a one-rank
-# all_gather's launch, no network), reduction and update at 2 ranks.
+# all_gather's launch, no network), reduction and update at one rank: at scale the reduction
+# and update take 9 us more at 512 ranks and 64 us at 4096 (the kernels' own benchmark, same
+# run), and the exchange its network time (not measured), which these leave out.
 H200_GRAPH_ADDED_US = {1: 11.403, 8: 3.099}
 H200_EAGER_ADDED_US = {1: 184.19, 8: 72.16}
 
@@ -185,7 +187,7 @@ class Scenario:
     pacing_step_us: float = GRAPH_STEP_US
     """Time a paced step's own work (its row, the exchange of rows, the reduction and the
     update, on the compute stream after the optimizer) delays the next step: 9.49 us, measured
-    in a CUDA graph on an H200 at 2 ranks, without the network (`GRAPH_STEP_US`)."""
+    in a CUDA graph on an H200 at one rank, without the network (`GRAPH_STEP_US`)."""
 
     def __post_init__(self) -> None:
         for name, (lo, hi, kind) in _RANGES.items():
