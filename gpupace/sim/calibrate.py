@@ -172,8 +172,8 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     `given`: `Scenario` fields the job has that no file shows, e.g. `coupling=NCCL_COUPLING,
     paced_coupling=SPIN_COUPLING` (measured on an H200): the compute is matched to the file's
     step time with them (fitted without, a noisy 4-rank job given the persistent coupling ran
-    1.1-1.7% slower than its file), and the fit's scenarios keep them. Raises ValueError when the file has too few
-    usable steps or ranks, or naming a bad field."""
+    1.1-1.7% slower than its file), and the fit's scenarios keep them. Raises ValueError when
+    the file has too few usable steps or ranks, or naming a bad field."""
     fitted = sorted(set(given) & set(FITTED_FIELDS))
     if fitted:
         raise ValueError(f"fit_telemetry fits or sets {', '.join(fitted)} itself; give it only "
@@ -233,19 +233,7 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
         notes.append("a host backend's file: each collective's time (the last rank's wait) "
                      "counts its wait behind the collectives before it, so the exposed "
                      "communication may read long and the compute short")
-    # the share is read from the steps without a delay where they are half or more (a delay
-    # moves the compute and arrivals after it: a demo's paced files read 1.7-2.0 of the way to
-    # 'before'; a paced run's 10 undelayed warm-up steps of 300 read 0.90 where all read 0.98)
-    delayed = [bool(np.nansum(r.delay_us) > 0) for r in recs]
-    calm = [r for r, d in zip(recs, delayed, strict=True) if not d]
-    calm = calm if len(calm) >= max(10, len(recs) / 2) else recs
-    if any(delayed):
-        read = "its steps without one" if calm is not recs else \
-            "all its steps, which may read past it (then taken as all from before)"
-        notes.append(f"a paced run (delays in {sum(delayed)} of its {len(recs)} "
-                     "steps): the delays moved the compute and arrivals after them; the share "
-                     f"of lateness from before the backward is read from {read}; a run of the "
-                     "job unpaced (observe mode, as the demo's baseline) fits the job itself")
+    calm = calm_steps(recs, notes)
     fit = TelemetryFit(
         source=str(tel.header.get("label") or tel.header.get("source") or "telemetry"),
         world_size=n, sites=steady_site_count(recs, tel.header), steps=len(recs),
@@ -260,6 +248,24 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     share = _input_share(fit, site_spreads(calm, fit.sites))
     fit = dataclasses.replace(fit, input_share=share)
     return _match_median(fit, resid, float(np.median(step)))
+
+
+def calm_steps(records: list[StepRecord], notes: list[str]) -> list[StepRecord]:
+    """The steps to read the share of lateness from before the backward from: those without a
+    delay where they are half or more, else all (a delay moves the compute and arrivals after
+    it: a demo's paced files read 1.7-2.0 of the way to 'before'; a paced run's 10 undelayed
+    warm-up steps of 300 read 0.90 where all read 0.98). A paced run is said in `notes`."""
+    delayed = [bool(np.nansum(r.delay_us) > 0) for r in records]
+    calm = [r for r, d in zip(records, delayed, strict=True) if not d]
+    calm = calm if len(calm) >= max(10, len(records) / 2) else records
+    if any(delayed):
+        read = "its steps without one" if calm is not records else \
+            "all its steps, which may read past it (then taken as all from before)"
+        notes.append(f"a paced run (delays in {sum(delayed)} of its {len(records)} steps): the "
+                     "delays moved the compute and arrivals after them; the share of lateness "
+                     f"from before the backward is read from {read}; a run of the job unpaced "
+                     "(observe mode, as the demo's baseline) fits the job itself")
+    return calm
 
 
 def _with_compute(fit: TelemetryFit, compute: float, resid: np.ndarray) -> TelemetryFit:

@@ -53,8 +53,6 @@ from .table import finite, format_table, plot_table, scaling_table
 # The figures use the second half of a run; it should hold the policy's warm-up (5 steps by
 # default) and 20 more measured steps at the least.
 MIN_STEPS = 50
-
-
 # PaceConfig's fields the simulated policy does not read (its mode is "pace", whatever
 # GPUPACE_MODE says): left out of the note on the environment's settings.
 NOT_SIMULATED = tuple(f.name for f in dataclasses.fields(PaceConfig)
@@ -350,8 +348,8 @@ def with_changes(make: Callable[[int], Scenario], **changes: Any) -> Callable[[i
 def unfitted(stamped: str) -> str:
     """What a fit leaves out, said beside every fitted table: one file of a few ranks on one
     host cannot show it, and scaled out to 64 nodes the paper preset's own 4-node file
-    predicted 9357 samples/s at CV 0.02 where the preset gives 8009 at 0.25 (regimes and the
-    fabric made nearly all of it; bench/results/sim_fit_gap_intel-xeon-2c_20261201.md)."""
+    predicts 9382 samples/s at CV 0.02 where the preset gives 8009 at 0.25 (regimes and the
+    fabric make nearly all of it; bench/results/sim_fit_gap_amd-epyc-2c_20261202.md)."""
     short = ("; and a rank's lateness reads short at later collectives (its arrival on the "
              "stream waits for the one before), so handicaps may be under-read"
              if stamped == "stream" else "")
