@@ -11,7 +11,7 @@ import pytest
 
 from gpupace.cli import main
 from gpupace.sim import fit_telemetry, labelled_telemetry, presets, simulate, write_telemetry
-from gpupace.sim.cli import pacing_cost_note
+from gpupace.sim.cli import no_coupling_note, pacing_cost_note
 from gpupace.summary import summarize
 from gpupace.telemetry import read_telemetry
 
@@ -166,7 +166,8 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
                                          note[0]), note
     assert "Use --steps 5330 or more" in note[0]
     # under every table
-    assert json.loads(js.read_text())["notes"] == [*note, pacing_cost_note("graph")]
+    assert json.loads(js.read_text())["notes"] == [*note, pacing_cost_note("graph"),
+                                                   no_coupling_note("jitter")]
     assert main(["simulate", "--preset", "locality", "--nodes", "64", "--steps", "200"]) == 0
     assert "could delay ranks" not in capsys.readouterr().out
 
@@ -312,6 +313,10 @@ def test_fit_recovers_offsets_and_simulates_at_scale(tmp_path, capsys):
     rows = doc["rows"]
     assert [r["ranks"] for r in rows] == [8, 8, 8, 32, 32, 32]
     assert len(doc["fit"]["offsets_us"]) == 8  # the whole fit in the file
+    # what the fit read and left out is in the file's notes too, and how it scales out
+    assert doc["notes"][0].startswith("fitted from ")
+    assert any(n.startswith("fit: not fitted, as one file") for n in doc["notes"])
+    assert any("rank r takes the offset of the file's rank r % 8" in n for n in doc["notes"])
     out = capsys.readouterr().out
     fitted = next(ln for ln in out.splitlines() if ln.startswith("fitted from"))
     assert "8 ranks" in fitted and "2 ranks steadily late (up to 3.0 ms)" in fitted, fitted
@@ -361,6 +366,7 @@ def test_paper_with_one_gpu_a_node_says_it_has_no_locality(capsys):
     assert main(["simulate", "--preset", "paper", "--nodes", "1", "--steps", "60"]) == 0
     out = capsys.readouterr().out
     assert "the study gpupace implements" in out and "no locality" not in out
+    assert "preset paper, coupling batched (the preset's)," in out  # which one it ran with
 
 
 @pytest.mark.parametrize("coupling, expected", [("off", (0.0, 0.0)), ("batched", (0.052, 0.031)),
@@ -374,6 +380,7 @@ def test_coupling_option_sets_the_measured_figures(tmp_path, capsys, coupling, e
     assert tuple(doc["coupling"].values()) == expected
     out = capsys.readouterr().out
     assert f"coupling {coupling}" in out and "no coupling" not in out  # off is asked for
+    assert "(the preset's)" not in out
     oracle = next(r for r in doc["rows"] if r["policy"] == "oracle")
     if coupling == "off":  # nothing couples the ranks: perfect foresight cannot shorten a step
         assert oracle["gain_pct"] == pytest.approx(0.0, abs=1e-9)
@@ -399,7 +406,7 @@ def test_pacing_cost_option_charges_the_measured_figures(tmp_path, capsys, kind)
         want = -100.0 * (site + step) / (step_us + site + step)
         assert rows[policy]["gain_pct"] == pytest.approx(want, rel=1e-6, abs=1e-9), rows
     out = capsys.readouterr().out
-    assert pacing_cost_note(kind) in out and doc["notes"][-1] == pacing_cost_note(kind)
+    assert pacing_cost_note(kind) in out and pacing_cost_note(kind) in doc["notes"]
     assert ("leave out pacing's own cost" in out) == (kind == "off")
 
 
@@ -439,6 +446,6 @@ def test_a_gain_that_rounds_to_zero_has_no_minus_sign():
     small = dict(oracle, gain_pct=0.01, oracle_fraction=None)
     lines = format_table([oracle, small]).splitlines()
     assert [ln.split()[-1] for ln in lines[1:3]] == ["100", "-"]
-    assert lines[3] == "(% of oracle gain: - where the oracle gained under 0.05%, too little " \
-                       "to take a share of)"
+    assert lines[3] == "(% of oracle gain: - where the oracle gained under 0.05% or lost, too " \
+                       "little to take a share of)"
     assert "too little" not in format_table([oracle])  # no "-", no legend

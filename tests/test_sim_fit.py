@@ -368,7 +368,7 @@ def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
     assert any("fewer than 10 steps measured the spread at every site" in n for n in fit.notes)
 
     write_pacer_file(tmp_path / "pacer.jsonl")
-    assert any("a pacer's file: its job paid its pacer's own cost" in n
+    assert any("recorded by a Pacer, whose stamps and step exchange run in observe mode" in n
                for n in fit_telemetry(tmp_path / "pacer.jsonl").notes)
     # paced: the share is read from the steps without a delay where they are half or more (a
     # delay moves the arrivals after it), else from all; one delayed step of 300 is said as

@@ -153,8 +153,8 @@ class TelemetryFit:
         return (f"{self.world_size} ranks, {self.sites} site{'s' if self.sites != 1 else ''}, "
                 f"{self.steps} steps ("
                 f"{self.warmup_steps} of warm-up left out): compute {self.compute_us / 1e3:.1f} ms, "
-                f"exposed communication {self.exposed_comm_us / 1e3:.1f} ms, noise "
-                f"{100 * self.noise_sigma:.1f}%, {stalls}, {ranks}")
+                f"exposed communication {self.exposed_comm_us / 1e3:.1f} ms, compute noise "
+                f"{100 * self.noise_sigma:.1f}% (log-normal sigma), {stalls}, {ranks}")
 
 
 # Fewer ranks: the fit's description gives each rank's offset. At 4, the on-time half was 2
@@ -225,9 +225,9 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
     if tel.header.get("source") == "pacer":
-        notes.append("a pacer's file: its job paid its pacer's own cost (its stamps and each "
-                     "step's exchange run in observe mode too), which the fitted job keeps in "
-                     "its none row; its gpupace and oracle rows pay --pacing-cost's on top")
+        notes.append("recorded by a Pacer, whose stamps and step exchange run in observe mode "
+                     "too: the file's job paid their cost, which the fitted job keeps in its "
+                     "none row; its gpupace and oracle rows pay --pacing-cost's on top")
     stamped = stamps(tel.header)
     if stamped == "hook":
         notes.append("a host backend's file: each collective's time (the last rank's wait) "

@@ -71,8 +71,10 @@ PACING_COSTS = {"graph": (GRAPH_SITE_US, GRAPH_STEP_US), "eager": (EAGER_SITE_US
                 "off": (0.0, 0.0)}
 PACING_COST_SOURCES = {
     "graph": "in a CUDA graph on an H200 (code of 975f711)",
-    "eager": "eager on an H200 (code of 975f711): host launch time, charged as a host-bound "
-             "job pays it, whose GPU waits for the launches (a GPU-bound one hides them)",
+    "eager": "eager on an H200 (code of 975f711, whose eager path has changed since, not yet "
+             "measured on a GPU): host launch time, charged as a host-bound job pays it, whose "
+             "GPU waits for the launches (a GPU-bound one hides them and pays its kernels' GPU "
+             "time, not measured eager)",
 }
 
 
@@ -223,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     if args.coupling is not None:
         collective, spin = COUPLINGS[args.coupling]
         coupling = dict(coupling=collective, paced_coupling=spin)
+    fit_lines: list[str] = []  # what the fit read and left out: before the table, and in --json
     if args.from_telemetry:
         fit = fit_telemetry(args.from_telemetry, **coupling)  # compute matched with it
         name = fit.scenario(1, args.gpus_per_node).name
@@ -230,15 +233,26 @@ def run(args: argparse.Namespace) -> int:
 
         def make(n: int) -> Scenario:
             return fit.scenario(n, args.gpus_per_node)
-        print(f"fitted from {args.from_telemetry}: {fit.describe()}")
-        for note in (*fit.notes, unfitted(fit.stamped)):
-            print(f"fit: {note}")
+        fit_lines = [f"fitted from {args.from_telemetry}: {fit.describe()}",
+                     *(f"fit: {note}" for note in fit.notes)]
+        if max(nodes) * args.gpus_per_node > fit.world_size:
+            fit_lines.append(
+                f"fit: scaled out, rank r takes the offset of the file's rank r % "
+                f"{fit.world_size}: each of its late ranks is late once in every "
+                f"{fit.world_size} ranks of the bigger job")
+        fit_lines.append(f"fit: {unfitted(fit.stamped)}")
+        print("\n".join(fit_lines))
     else:
         name = args.preset or "paper"
         title = f"preset {name}"
 
         def make(n: int) -> Scenario:
             return get_preset(name, n, args.gpus_per_node)
+        if args.coupling is None:  # the preset's own, named as --coupling names it
+            own = make(1)
+            kind = next((k for k, v in COUPLINGS.items()
+                         if v == (own.coupling, own.paced_coupling)), "custom")
+            title += f", coupling {kind} (the preset's)"
     if args.coupling is not None:
         title += f", coupling {args.coupling}"
         make = with_changes(make, **coupling)
@@ -291,12 +305,12 @@ def run(args: argparse.Namespace) -> int:
         notes.append(f"note: with {args.gpus_per_node} GPU a node, {name} has no locality "
                      "(its handicap falls on far ranks of a node): three failure modes of four")
     notes.append(pacing_cost_note(args.pacing_cost))
+    if biggest.coupling == 0.0 and args.coupling != "off":
+        notes.append(no_coupling_note(name))
     for note in notes:
         print(note)
     if name == "paper" and args.gpus_per_node == DEFAULT_GPUS and args.coupling is None:
         print(STUDY)  # the calibrated job alone
-    if biggest.coupling == 0.0 and args.coupling != "off":
-        print(no_coupling_note(name))
     if "res" in keep_last:
         write_telemetry(keep_last["res"], tel, on_kept=kept)
         written.append(tel)
@@ -305,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
     if args.json:
         made = make_header(source="sim", world_size=0)  # versions, host, date: the run's
-        out: dict[str, Any] = {"preset": name, "notes": notes,
+        out: dict[str, Any] = {"preset": name, "notes": fit_lines + notes,
                                "policy_config": policy.to_dict(),
                                "steps": args.steps, "seed": args.seed,
                                "gpus_per_node": args.gpus_per_node,

@@ -80,7 +80,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{gain:>14.3f}  {frac:>16}")
     if any(r["oracle_fraction"] is None for r in rows):
         lines.append(f"(% of oracle gain: - where the oracle gained under "
-                     f"{MIN_ORACLE_GAIN_PCT}%, too little to take a share of)")
+                     f"{MIN_ORACLE_GAIN_PCT}% or lost, too little to take a share of)")
     return "\n".join(lines)
 
 
