@@ -125,12 +125,13 @@ def test_a_restarted_ddp_job_paces_every_bucket_after_its_first_step_of_one(tmp_
             # every bucket paced (on most steps: a loaded VM can hold an early rank back)
             assert sum(min(d) > 1000.0 for _, d in learnt[-4:]) >= 2, learnt[-4:]
             assert [n for n, _ in resumed] == [1, 3, 3, 3, 3]
-            # the warm-up's 2 steps, then every bucket delayed at once (on most steps: a
-            # loaded VM can hold an early rank back for a step). Any delay: a fresh pacer's
-            # are exactly 0 through its holdoff, and a loaded VM shrank one bucket's to 414 us
-            # beside 2-4 ms (a clean clone's CI run)
-            paced = [min(d) > 0.0 for _, d in resumed[2:]]
-            assert sum(paced) >= 2, resumed
+            # the warm-up's 2 steps, then every bucket delayed at once: each on some step of
+            # the 3 after it (a fresh pacer's are exactly 0 through its holdoff). Not every
+            # bucket on every step: a loaded VM shrank one bucket's to 414 us beside 2-4 ms (a
+            # clean clone's CI run), and zeroed the last one's on 2 of the 3 steps (a fresh
+            # clone's run, 2026-12-02: the deadline takes a rank's lateness off its delay)
+            delays = np.array([d for _, d in resumed[2:]])
+            assert delays.shape == (3, 3) and (delays.max(axis=0) > 0.0).all(), resumed
         else:
             assert all(max(d, default=0.0) == 0.0 for _, d in resumed)  # the late rank
 
