@@ -54,6 +54,7 @@ from .telemetry import (
     failure_of,
     make_header,
     names_a_folder,
+    record_bytes,
     ring_capacity,
 )
 from .warn import warn
@@ -65,6 +66,9 @@ IDLE_STEPS = 10
 # The own step whose site names the ranks compare, once (a DDP model's first step has one
 # bucket, its second all of them)
 NAMES_STEP = 2
+# Fewer step records than this kept for summary(), by ring_memory_mb's choice, is said: a
+# tiny value kept one record, silently, and summary() read one step.
+FEW_RECORDS = 100
 # Closing, at exit included, waits this long at most for the device's queued work before it
 # reads the telemetry still on it: after a rank died, that work never ends. Closing on an
 # error (a with block's, the exception a process exits on: Ctrl-C on a hung job) waits less,
@@ -167,6 +171,12 @@ class Pacer(Joinable):
             self._engine = HostEngine(self.config, group, self.rank, self.world_size)
         self.ring = Ring(ring_capacity(self.config.ring_size, self.config.ring_memory_mb,
                                        self.world_size, self.config.max_sites))
+        if self.ring.capacity < min(self.config.ring_size, FEW_RECORDS):
+            need = FEW_RECORDS * record_bytes(self.world_size, self.config.max_sites) / 1e6
+            warn(f"gpupace: ring_memory_mb={self.config.ring_memory_mb:g} keeps "
+                 f"{self.ring.capacity} step record(s) at {self.world_size} ranks: summary() "
+                 f"covers only the last {self.ring.capacity} step(s); {need:.2g} MB keeps "
+                 f"{FEW_RECORDS} (ring_memory_mb, GPUPACE_RING_MEMORY_MB)")
         self.site_names: list[str] = []  # the paced sites of the last step, in order
         self._names_this_step: list[str] = []
         self._sites_this_step = 0  # paced collectives since the last step()

@@ -805,14 +805,21 @@ def test_join_refuses_to_divide_by_the_ranks_left():
 
 
 def test_the_pacer_keeps_the_newest_records_that_fit_its_ring_memory():
-    # At one rank with max_sites 64 a record is ~1.5 KB by the ring's estimate: 3 fit in 5 KB.
-    pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.005))
+    # At one rank with max_sites 64 a record is ~1.5 KB by the ring's estimate: 3 fit in 5 KB,
+    # which is said (a tiny ring_memory_mb kept one record, silently)
+    with pytest.warns(RuntimeWarning, match=r"ring_memory_mb=0.005 keeps 3 step record\(s\) at "
+                      r"1 ranks: summary\(\) covers only the last 3 step\(s\); 0.15 MB keeps 100"):
+        pacer = Pacer(PaceConfig(warmup_steps=0, ring_memory_mb=0.005))
     for _ in range(5):
         with pacer.site("compute"):
             pass
         pacer.step()
     assert pacer.ring.capacity == 3 and [r.step for r in pacer.ring] == [2, 3, 4]
     assert pacer.summary()["steps"] == 3
+    with warnings.catch_warnings():  # the defaults, and a few records asked for, say nothing
+        warnings.simplefilter("error")
+        Pacer(PaceConfig())
+        Pacer(PaceConfig(ring_size=3, ring_memory_mb=0.005))
 
 
 def test_telemetry_every_writes_one_step_in_k_and_the_ring_keeps_all(tmp_path):
