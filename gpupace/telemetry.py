@@ -223,6 +223,21 @@ def _uncaught() -> BaseException | None:
     return getattr(sys, "last_value", None)
 
 
+def comm_backend(header: dict[str, Any]) -> str:
+    """The collective backend a file's run used: "nccl", "gloo", "mpi", "sim", or "" when the
+    header does not say. Read from the header's `process_group_backend` (the Pacer records it;
+    older files lack it); else a simulated run is "sim", and a run whose torch is a CPU-only
+    build ("+cpu") used gloo (such a build has no NCCL, and MPI needs a source build)."""
+    for key in ("process_group_backend", "backend"):
+        v = header.get(key)
+        if isinstance(v, str) and v.lower() in ("nccl", "gloo", "mpi"):
+            return v.lower()
+    if header.get("source") == "sim":
+        return "sim"
+    torch_version = str((header.get("versions") or {}).get("torch", ""))
+    return "gloo" if torch_version.endswith("+cpu") else ""
+
+
 def exit_failure() -> str | None:
     """`failure_of` the exception this process is exiting on, as far as it can be told (an
     exit finalizer's view: see `_uncaught`); None for a clean exit."""

@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import NotTelemetry, StepRecord, first_measured_step, iter_records, read_header
+from ..telemetry import (
+    NotTelemetry,
+    StepRecord,
+    comm_backend,
+    first_measured_step,
+    iter_records,
+    read_header,
+)
 
 # Files at least this large get a heartbeat on stderr while they are read.
 PROGRESS_BYTES = 5_000_000
@@ -99,19 +106,8 @@ class Run:
 
     @property
     def comm_backend(self) -> str:
-        """The collective backend the run used, for wording advice: "nccl", "gloo", "mpi",
-        "sim", or "" when the telemetry does not say. Read from the header's
-        `process_group_backend` (the Pacer records it; older files lack it); else a
-        simulated run is "sim", and a run whose torch is a CPU-only build ("+cpu") used gloo
-        (such a build has no NCCL, and MPI needs a source build)."""
-        for key in ("process_group_backend", "backend"):
-            v = self.header.get(key)
-            if isinstance(v, str) and v.lower() in ("nccl", "gloo", "mpi"):
-                return v.lower()
-        if self.header.get("source") == "sim":
-            return "sim"
-        torch_version = str((self.header.get("versions") or {}).get("torch", ""))
-        return "gloo" if torch_version.endswith("+cpu") else ""
+        """The collective backend the run used, for wording advice (`telemetry.comm_backend`)."""
+        return comm_backend(self.header)
 
     @property
     def gpus_per_node(self) -> int | None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, first_measured_step, read_telemetry
+from ..telemetry import StepRecord, comm_backend, first_measured_step, read_telemetry
 from .scenario import MAX_SPIKE_CLIP, Scenario
 
 SPIKE_SIGMAS = 6.0  # lateness beyond this many robust sigmas counts as a stall
@@ -296,10 +296,8 @@ def stamps(header: dict[str, Any]) -> str:
     pacer's header from before `pacer_backend` (2026-11-30) is the host backend's where its
     group was gloo or its torch a CPU build, as the device backend needs neither."""
     backend = header.get("pacer_backend")
-    if backend is None and header.get("source") == "pacer":
-        torch = str((header.get("versions") or {}).get("torch", ""))
-        if header.get("process_group_backend") == "gloo" or torch.endswith("+cpu"):
-            backend = "host"
+    if backend is None and header.get("source") == "pacer" and comm_backend(header) == "gloo":
+        backend = "host"
     sim = header.get("sim")
     hook = backend == "host" or (isinstance(sim, dict) and sim.get("stamped") == "hook")
     return "hook" if hook else "stream"
