@@ -18,15 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..summary import summarize
-from .compare import (
-    CHANGES,
-    baseline_gap,
-    comparisons,
-    fmt_change,
-    notes,
-    pairs,
-    summary_change,
-)
+from .compare import CHANGES, comparisons, fmt_change, pairs, summary_change
 from .diagnose import (
     LOST_DEFINITION,
     MIN_CONFIDENCE,
@@ -174,11 +166,9 @@ def render(runs: Sequence[Run], diags: Sequence[Diagnosis], plots: Sequence[tupl
     parts.append("</table><p><small>Every figure covers the measured steps: the warm-up "
                  "steps the header names are left out. Changes: relative (%) for times and "
                  "throughput, in percentage points (pts) for fractions.</small></p>")
-    for i, j in comps:
-        for note in notes(sums[i], sums[j], runs[j].mode == "pace", (runs[i], runs[j]),
-                          baseline_gap(runs, sums, j)):
-            parts.append(f"<p><small>{esc(runs[j].label)} vs {esc(runs[i].label)}: "
-                         f"{esc(note)}</small></p>")
+    for comp in comparisons(runs, sums):  # the notes findings.json has, one source for both
+        for note in comp["notes"]:
+            parts.append(f"<p><small>{esc(comp['title'])}: {esc(note)}</small></p>")
 
     parts.append(f"<h2>Diagnosis</h2><p>{esc(LOST_DEFINITION.capitalize())}; it is split "
                  "between the study's four failure modes. A mode below a confidence of "
