@@ -25,6 +25,7 @@ import time
 import weakref
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +185,8 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
-        # each attached model's number: the second one's sites are "model1.bucket{i}"
-        self._prefixes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        # The DDP models attach() took, each with the Join config it had when last looked at
-        # (a Join replaces its joinables' configs, and never puts them back)
+        # The DDP models attach() took, each with its number and the Join config it had when
+        # last looked at (`_AttachedModel`)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._own_join_seen = self._join_config
         self._loaded_sites: tuple[int, int] | None = None  # (saved sites, steps to wait)
@@ -574,9 +573,9 @@ class Pacer(Joinable):
         self._own_join_seen = self._join_config
         for model, seen in list(self._models.items()):
             config = model._join_config
-            if config is seen:
+            if config is seen.join_config:
                 continue
-            self._models[model] = config
+            seen.join_config = config
             if config.enable and not own_joined:
                 raise ValueError("the DDP model this pacer paces is in a Join without the "
                                  "pacer: pass both, Join([ddp_model, pacer]), so that a rank "
@@ -685,8 +684,8 @@ class Pacer(Joinable):
                     f"the wrong ranks")
         if not self.enabled:
             return
-        used = set(self._prefixes.values())  # of the models alive: a re-wrapped model's
-        number = min(set(range(len(used) + 1)) - used)  # number is free again
+        used = {m.number for m in self._models.values()}  # of the models alive: a re-wrapped
+        number = min(set(range(len(used) + 1)) - used)  # model's number is free again
         prefix = f"model{number}." if number else ""
         try:
             target.register_comm_hook(Attached(self, prefix), hook or ddp_comm_hook)
@@ -697,8 +696,7 @@ class Pacer(Joinable):
                                "or one such as fp16_compress_hook): DDP takes one, and gpupace "
                                "paces through its own, so the two cannot be combined") from e
         self._hooked = True
-        self._prefixes[target] = number
-        self._models[target] = target._join_config
+        self._models[target] = _AttachedModel(number, target._join_config)
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (`copy.deepcopy`, `pickle`, `torch.save` of a DDP model whose comm hook this
@@ -709,7 +707,7 @@ class Pacer(Joinable):
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
                      _engine=None, _writer=None, _tb=None, _closed=True, _world=None,
-                     _models=None, _prefixes=None, _collected=None)
+                     _models=None, _collected=None)
         return state
 
     def close(self) -> None:
@@ -809,6 +807,16 @@ class _Unpaced:
 
 
 _UNPACED = _Unpaced()
+
+
+@dataclass(slots=True)
+class _AttachedModel:
+    """A DDP model attach() took: its number (the second one's sites are "model1.bucket{i}")
+    and the Join config it had when last looked at (a Join replaces its joinables' configs,
+    and never puts them back)."""
+
+    number: int
+    join_config: Any
 
 
 def _drain_bound(how: str) -> float:
