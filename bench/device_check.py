@@ -5,12 +5,13 @@ torch, triton, cupy, NCCL versions, date, commit, and every figure measured), pl
     python bench/device_check.py                 # results in bench/results/
     python bench/device_check.py --out "$OUT"    # on the lent GPU machine
 
-Measured here: the timer tick; spin-wait error (applied - requested, 5 to 1000 us, p50/p99);
-added time per paced collective, eager and in a CUDA graph (single-rank NCCL all_reduce of
-4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step; plus whatever the
-GPU tests record (virtual-cluster spread error, the SMs' clock offsets, spin coupling, learned
-delay); and, on the machine's CPU, the host backend's policy update at 4096 ranks x 4 sites;
-and, in a process of its own, the host time of one Triton launch through the JIT, through
+Measured here, in this order: on the machine's CPU, the host backend's policy update at 4096
+ranks x 4 sites; the targets' figures (before the tests, so that a slow or hung test cannot
+take their time): the timer tick; spin-wait error (applied - requested, 5 to 1000 us,
+p50/p99); added time per paced collective, eager and in a CUDA graph (single-rank NCCL
+all_reduce of 4 KiB, 1 and 8 sites a step, p20/p50/p80 over windows); host syncs per step;
+then the GPU tests, and whatever they record (virtual-cluster spread error, the SMs' clock
+offsets, spin coupling, learned delay); in a process of its own, the host time of one Triton launch through the JIT, through
 the compiled kernel's runner and through the engine's `Hot` (`bench/launch_cost.py`); and,
 last, eager steps with the opt-in tail graph against the default (`bench_tail_graph`). The
 benchmark suite of `python -m bench --suite gpu --quick` runs too when it is there; its files
@@ -875,14 +876,7 @@ def main(argv: list[str] | None = None) -> int:
 
     save("start")
     print(f"device check on {info['gpu']} (torch {info['torch']}, triton {info['triton']}, "
-          f"cupy {info['cupy']}), budget {args.budget:.0f} s; GPU tests...", flush=True)
-    save("running the GPU tests")
-    res["tests"] = run_tests(fig_path, log, min(args.tests_timeout, left() - 60))
-    print(f"  tests: {res['tests']}\n{tail(log)}", flush=True)
-    if fig_path.exists():  # the tests' figures apart: the verdicts judge the benchmarks'
-        fig["gpu_tests"] = json.loads(fig_path.read_text(encoding="utf-8"))
-    tests_tmp.cleanup()
-    save("tests")
+          f"cupy {info['cupy']}), budget {args.budget:.0f} s", flush=True)
 
     def microbenchmark(name: str, needs: str, fn=None) -> None:
         """`fn` here, or PHASES[name] in a process of its own."""
@@ -912,8 +906,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} FAILED: {error}", flush=True)
         save(name)
 
-    microbenchmark("host_policy", "cpu", bench_host_policy)
+    microbenchmark("host_policy", "cpu", bench_host_policy)  # a few seconds, on the CPU
+    # The targets' figures before the tests, so that a slow or hung test cannot take their time
     microbenchmark("tick_and_spin", "triton")
+    for name in ("overhead", "syncs"):
+        microbenchmark(name, "device")
+    print("  GPU tests...", flush=True)
+    save("running the GPU tests")
+    res["tests"] = run_tests(fig_path, log, min(args.tests_timeout, left() - 60))
+    print(f"  tests: {res['tests']}\n{tail(log)}", flush=True)
+    if fig_path.exists():  # the tests' figures apart: the verdicts judge the benchmarks'
+        fig["gpu_tests"] = json.loads(fig_path.read_text(encoding="utf-8"))
+    tests_tmp.cleanup()
+    save("tests")
     if left() < 40:
         res["launch_cost"] = {"ran": False, "why": f"{left():.0f} s of the budget left"}
     else:
@@ -925,8 +930,7 @@ def main(argv: list[str] | None = None) -> int:
         elif "error" in res["launch_cost"]:
             errors["launch_cost"] = f"reading its figures: {res['launch_cost']['error']}"
     save("launch_cost")
-    for name in ("overhead", "syncs", "tail_graph"):
-        microbenchmark(name, "device")
+    microbenchmark("tail_graph", "device")
     if args.no_suite:
         res["bench_suite"] = {"ran": False, "why": "--no-suite"}
     elif left() < 30:
