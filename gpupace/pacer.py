@@ -42,6 +42,7 @@ from .backends import (
     device_backend_missing,
     exchange_error,
     group_backend,
+    too_many_ranks,
 )
 from .backends.host import HostEngine
 from .config import PaceConfig, fill_rank, per_rank_path
@@ -138,7 +139,7 @@ class Pacer(Joinable):
                                  f"of one step, over all ranks), got {samples_per_step!r}")
             self.config = config if config is not None else PaceConfig()
             _check_extra(telemetry_extra)
-            self.backend = self._pick_backend(backend, pg_backend)
+            self.backend = self._pick_backend(backend, pg_backend, self.world_size)
             if tensorboard_dir is not None and self.enabled and self.rank == 0:
                 from .report.tensorboard import summary_writer
 
@@ -155,7 +156,7 @@ class Pacer(Joinable):
         if failure is not None:
             raise failure
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
-            why = device_backend_missing()
+            why = device_backend_missing() or too_many_ranks(self.world_size)
             hint = f"the device backend cannot run here: {why}" if why else "use backend='device'"
             warn("gpupace: the host backend on an NCCL group stamps when collectives are "
                  f"enqueued, not when they run on the GPU, so its spreads say little; {hint}")
@@ -248,11 +249,11 @@ class Pacer(Joinable):
                                           exitpriority=1)
 
     @staticmethod
-    def _pick_backend(requested: str, pg_backend: str) -> str:
-        """The backend to run. "auto": device for CUDA (nccl) groups when triton and cupy import,
-        else host.
+    def _pick_backend(requested: str, pg_backend: str, world_size: int = 1) -> str:
+        """The backend to run. "auto": device for CUDA (nccl) groups of up to DEVICE_MAX_RANKS
+        ranks when triton and cupy import, else host (the constructor then says why).
         "device" forced where it cannot run: a RuntimeError saying why (the missing package
-        and the extra to install)."""
+        and the extra to install, the group's size)."""
         if requested == "host":
             return "host"
         why = device_backend_missing()
@@ -262,7 +263,11 @@ class Pacer(Joinable):
             if pg_backend not in ("nccl", "none"):
                 raise RuntimeError(f"backend='device' needs a CUDA (nccl) process group, got "
                                    f"{pg_backend!r}; use backend='host'")
+            if too_many_ranks(world_size):
+                raise RuntimeError(f"backend='device': {too_many_ranks(world_size)}; use "
+                                   f"backend='host'")
             return "device"
+        why = why or too_many_ranks(world_size)
         return "device" if why is None and pg_backend == "nccl" else "host"
 
     def warmup(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpupace import PaceConfig, Pacer, policy
-from gpupace.backends import blocking_wait_note, device_backend_missing
+from gpupace.backends import DEVICE_MAX_RANKS, blocking_wait_note, device_backend_missing
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +107,25 @@ def test_auto_picks_device_for_nccl_groups_when_it_can_run(fake_cuda):
     assert Pacer._pick_backend("device", "none") == "device"
     with pytest.raises(RuntimeError, match="nccl"):
         Pacer._pick_backend("device", "gloo")
+
+
+def test_groups_past_the_reductions_size_are_paced_by_the_host(fake_cuda, interp):
+    """The device reduction sorts the ranks in one thread block: a bigger group picked it,
+    and its first step() failed in the reduction after the exchange."""
+    from gpupace.backends.device import DeviceEngine
+    from gpupace.kernels import reduce
+
+    _stand_in_cupy(fake_cuda, (12, 8))
+    most = DEVICE_MAX_RANKS
+    assert most == reduce.MAX_SORT and reduce.sort_len_for(most) <= reduce.MAX_SORT
+    assert reduce.sort_len_for(most + 1) > reduce.MAX_SORT  # what the reduction refuses
+    assert Pacer._pick_backend("auto", "nccl", most) == "device"
+    assert Pacer._pick_backend("auto", "nccl", most + 1) == "host"
+    with pytest.raises(RuntimeError, match=f"at most {most} ranks .*this one has {most + 1}; "
+                                           "use backend='host'"):
+        Pacer._pick_backend("device", "nccl", most + 1)
+    with pytest.raises(ValueError, match=f"at most {most} ranks"):
+        DeviceEngine(PaceConfig(), None, 0, most + 1, device="cpu")
 
 
 @pytest.mark.parametrize("env, named", [

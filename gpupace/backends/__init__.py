@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 
 BACKENDS = ("auto", "host", "device")
+# The most ranks a group the device backend takes: its reduction sorts the ranks' arrivals in
+# one thread block (kernels/reduce.py's MAX_SORT; a test holds them equal).
+DEVICE_MAX_RANKS = 8192
 # What an engine's `issue()` returns where a collective needs no setup: one shared instance,
 # since it runs once a paced collective.
 NO_FORK = contextlib.nullcontext()
@@ -53,6 +56,14 @@ def device_backend_missing() -> str | None:
     except Exception as e:  # noqa: BLE001 - a broken install raises more than ImportError
         return _not_importable("triton", e)
     return cupy_missing()
+
+
+def too_many_ranks(world_size: int) -> str | None:
+    """Why the device backend cannot pace a group of `world_size` ranks, or None when it can."""
+    if world_size <= DEVICE_MAX_RANKS:
+        return None
+    return (f"the device backend paces groups of at most {DEVICE_MAX_RANKS} ranks (its "
+            f"reduction sorts them in one thread block), this one has {world_size}")
 
 
 def _not_importable(module: str, error: BaseException) -> str:

@@ -52,6 +52,7 @@ from . import (
     device_backend_missing,
     exchange_error,
     gather_rows,
+    too_many_ranks,
 )
 from .tail import TailGraphs, tail_graph_wanted
 
@@ -124,6 +125,8 @@ class DeviceEngine:
         elif not clock.interpreting():
             raise RuntimeError("the device backend runs on a CPU device only under "
                                "TRITON_INTERPRET=1 (for tests); use backend='host'")
+        if too_many_ranks(world_size):
+            raise ValueError(f"gpupace: {too_many_ranks(world_size)}")
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._cuda = dev.type == "cuda"
