@@ -12,6 +12,7 @@ assuming 1 ns. On an H200: 32 ns (every device check of 2026-11-30).
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -87,9 +88,17 @@ def read_clock(out: torch.Tensor, *, clock: bool | None = None, fake_tick: int =
     On the clock-free path `out[0]` holds the start time and reads advance by `fake_tick`."""
     if out.dtype != torch.int64 or out.dim() != 1 or out.numel() < 1:
         raise ValueError(f"out must be a 1-d int64 tensor, got {out.dtype} of shape {tuple(out.shape)}")
-    _clock_kernel[(1,)](out, out.numel(), fake_tick, USE_CLOCK=use_clock(clock), num_warps=1,
-                        **COMPILE_OPTIONS)
+    with on_device(out.device):
+        _clock_kernel[(1,)](out, out.numel(), fake_tick, USE_CLOCK=use_clock(clock), num_warps=1,
+                            **COMPILE_OPTIONS)
     return out
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """`device` current while a diagnostic launches on it: Triton launches on the current CUDA
+    device, whatever device the buffers are on (cuda:1's, launched on cuda:0, are an illegal
+    address)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def tick_from_reads(reads: np.ndarray) -> float:
@@ -211,7 +220,8 @@ def sm_offsets(programs: int | None = None, rounds: int = 16, max_polls: int = 2
     flags = torch.zeros(programs, rounds, 2, dtype=torch.int64, device=dev)
     out = torch.zeros(programs, rounds, 3, dtype=torch.int64, device=dev)
     sm = torch.zeros(programs, dtype=torch.int32, device=dev)
-    _offsets_kernel[(programs,)](flags, out, sm, rounds, max_polls, fake_tick,
-                                 USE_CLOCK=use_clock(clock), num_warps=1, **COMPILE_OPTIONS)
+    with on_device(dev):
+        _offsets_kernel[(programs,)](flags, out, sm, rounds, max_polls, fake_tick,
+                                     USE_CLOCK=use_clock(clock), num_warps=1, **COMPILE_OPTIONS)
     offset, trip = offsets_from(out.cpu().numpy())
     return {"sm": sm.cpu().numpy(), "offset_ns": offset, "round_trip_ns": trip}
