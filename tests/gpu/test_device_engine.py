@@ -414,3 +414,45 @@ def test_a_saved_state_loads_into_the_device_buffers_that_a_captured_step_reads(
     assert records[-1].active  # the loaded switch: one rank alone never turns it on
     assert not any(r.active for r in records[:-1])
     assert pacer.state_dict()["floor"].tolist() == [[250.0]]  # one rank learns nothing
+
+
+def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
+    """The path a DDP step's buckets take, captured: an async collective on the engine's
+    pacing stream (forked from the capturing stream), its work awaited there, the exit stamp,
+    and the join back in step(). Last in this file: the other captures are of synchronous
+    sites, and a capture that fails here must not cost the tests before it."""
+    import torch.distributed as dist
+
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x, y = torch.zeros(4096, device="cuda"), torch.zeros(4096, device="cuda")
+
+    def step():
+        x.add_(1.0)
+        with pacer.collective("async", async_op=True) as issued:
+            work = dist.all_reduce(x, group=nccl_group, async_op=True)
+            issued(work)
+        work.wait()  # the caller's wait, on its own stream
+        y.copy_(x)
+        pacer.step()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # eager steps: NCCL initialised, kernels compiled
+            step()
+        pacer.warmup()
+    torch.cuda.current_stream().wait_stream(s)
+    eng = pacer._engine
+    before = int(eng.state["counter"][0, 0].item())
+    x.zero_()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        step()
+    for _ in range(20):
+        g.replay()
+    torch.cuda.synchronize()
+    assert y[0].item() == 20.0  # the adds, the all_reduce (identity at one rank), the copy
+    assert int(eng.state["counter"][0, 0].item()) == before + 20
+    recs = eng.drain()
+    assert len(recs) >= 20 and all(np.isfinite(r.wait_us).all() for r in recs[-10:])
