@@ -687,6 +687,9 @@ class Pacer(Joinable):
                     f"{_ranks_text(mine)}: build it with Pacer(..., group="
                     f"ddp_model.process_group), or the paced gradients would be averaged over "
                     f"the wrong ranks")
+        why = _device_mismatch(getattr(target, "device", None), getattr(self._engine, "device", None))
+        if why:
+            raise ValueError(why)
         if not self.enabled:
             return
         used = {m.number for m in self._models.values()}  # of the models alive: a re-wrapped
@@ -948,6 +951,19 @@ def _check_extra(extra: Any) -> None:
     if taken:
         raise ValueError(f"telemetry_extra sets {taken}, which the telemetry header holds of its "
                          f"own: give those values other names (e.g. 'train_{taken[0]}')")
+
+
+def _device_mismatch(model: Any, engine: Any) -> str | None:
+    """Why a DDP model on `model` cannot be paced by a device engine on `engine`, or None. The
+    hook's kernels launch on the engine's GPU, whose stream would not be the gradients' (and
+    every rank of a node on cuda:0, its first exchange fails in NCCL)."""
+    if not (isinstance(model, torch.device) and isinstance(engine, torch.device)):
+        return None
+    if model.type != "cuda" or engine.type != "cuda" or model == engine:
+        return None
+    return (f"the DDP model is on {model} and this pacer's device backend on {engine} (the "
+            f"group's bound device, else the current one when the pacer was made): call torch.cuda.set_device({model.index}) "
+            f"before making the Pacer, or init_process_group(device_id=...)")
 
 
 def _ranks_text(ranks: list[int]) -> str:

@@ -128,6 +128,21 @@ def test_groups_past_the_reductions_size_are_paced_by_the_host(fake_cuda, interp
         DeviceEngine(PaceConfig(), None, 0, most + 1, device="cpu")
 
 
+def test_a_model_on_another_gpu_than_the_device_engine_is_refused_at_attach():
+    """Every rank's pacer made before torch.cuda.set_device(local_rank) is on cuda:0, its
+    models elsewhere: their first exchange failed in NCCL (duplicate GPU). Said at attach()."""
+    from gpupace.pacer import _device_mismatch
+
+    cuda = torch.device
+    why = _device_mismatch(cuda("cuda", 3), cuda("cuda", 0))
+    assert why.startswith("the DDP model is on cuda:3 and this pacer's device backend on cuda:0")
+    assert "torch.cuda.set_device(3) before making the Pacer" in why
+    for model, engine in [(cuda("cuda", 1), cuda("cuda", 1)), (cuda("cpu"), cuda("cuda", 0)),
+                          (cuda("cuda", 1), cuda("cpu")), (cuda("cuda", 1), None),
+                          (None, cuda("cuda", 0))]:  # a host engine has no device
+        assert _device_mismatch(model, engine) is None
+
+
 @pytest.mark.parametrize("env, named", [
     ({}, None), ({"TORCH_NCCL_BLOCKING_WAIT": "0"}, None),
     ({"TORCH_NCCL_BLOCKING_WAIT": "1"}, "TORCH_NCCL_BLOCKING_WAIT=1"),
