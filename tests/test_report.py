@@ -1002,3 +1002,17 @@ def test_records_the_writer_dropped_at_the_end_are_its_not_the_ranks(tmp_path, m
     assert "run.jsonl: the writer dropped its last 20 records, falling behind the steps" in \
         run.notes, run.notes
     assert not any("no record" in n for n in run.notes), run.notes
+
+
+def test_a_change_from_a_figure_at_zero_or_rounding_off_it_is_none_and_cvs_print_alike():
+    """A preset of constant step times has a CV of float rounding (1e-16): "step time CV
+    0.000 -> 0.000 (-12.8%)" was printed; and findings rounded to 4 decimals made the
+    terminal's CV 0.677 (from 0.6775) where the page said 0.678 (from 0.67752)."""
+    from gpupace.report.compare import change
+    from gpupace.report.diagnose import _clean
+
+    assert change("step_time_cv", 1.1e-16, 9.6e-17) is None
+    assert change("step_time_cv", 0.0, 0.2) is None
+    assert change("step_time_cv", 0.2, 0.3) == pytest.approx(50.0)
+    assert change("throughput", 2000.0, 2100.0) == pytest.approx(5.0)
+    assert f"{_clean(0.67752):.3f}" == f"{0.67752:.3f}" == "0.678"

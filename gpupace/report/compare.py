@@ -150,15 +150,22 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
+# A relative change's baseline at or below this is zero: every figure compared so (times in
+# us, throughputs, a CV) that is not zero is far above it.
+ZERO = 1e-9
+
+
 def change(key: str, base: Any, other: Any) -> float | None:
     """The change of `key` from `base` to `other` in its kind's unit (%, points, ms), or None
-    when either figure is missing or a relative change has no baseline to divide by."""
+    when either figure is missing or a relative change has no baseline to divide by: zero, or
+    float rounding off it (the step-time CV of constant step times reads 1e-16, and a change
+    of -12.8% from it was printed)."""
     b, o = _num(base), _num(other)
     if b is None or o is None or key not in CHANGES:
         return None
     kind = CHANGES[key][1]
     if kind == "rel":
-        return 100.0 * (o - b) / abs(b) if b != 0 else None
+        return 100.0 * (o - b) / abs(b) if abs(b) > ZERO else None
     if kind == "pts":
         return 100.0 * (o - b)
     return (o - b) / 1e3
