@@ -190,6 +190,8 @@ class Pacer(Joinable):
         # last looked at (`_AttachedModel`)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._own_join_seen = self._join_config
+        self._paused = False  # pause() since the last step(): a Join in between is no training's
+        self._join_open = False  # in Join([ddp_model, pacer]): from its making to its post hook
         self._loaded_sites: tuple[int, int] | None = None  # (saved sites, steps to wait)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
@@ -426,10 +428,14 @@ class Pacer(Joinable):
         save): the next step's time and its collectives' arrivals are not measured across it.
         Unmarked, the pause read as one slow step (throughput and the step-time tail in
         `summary()` with it) and as late arrivals. Call it between `step()` and the next
-        step's first paced collective, before or after the pause; no collective, no sync."""
+        step's first paced collective, before or after the pause; no collective, no sync. An
+        eval loop in `Join([ddp_model])` needs it: torch leaves the model's Join config as the
+        Join set it, and the next step() would take the model for one in a Join without the
+        pacer."""
         if self._sites_this_step:
             raise RuntimeError(f"pacer.pause() inside a step ({self._sites_this_step} paced "
                                "collectives since the last step()): call it between steps")
+        self._paused = True  # a Join in the pause (around an eval loop) is not training's
         if self._engine is not None and self.enabled:
             self._engine.forget_exits()
 
@@ -445,6 +451,7 @@ class Pacer(Joinable):
             raise ValueError("Join(..., divide_by_initial_world_size=False) is not supported "
                              "with gpupace: its DDP hook averages over the whole world size, "
                              "as DDP does by default; leave the option at True")
+        self._join_open = True  # until the Join's post hook: state_dict() refused meanwhile
         return _PacerJoinHook(self)
 
     @property
@@ -538,6 +545,11 @@ class Pacer(Joinable):
         the same dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
         Synchronises (device backend)."""
         self._check_between_steps("state_dict")
+        if self._join_open and self._join_config.enable:
+            raise RuntimeError(
+                "Pacer.state_dict() inside Join([ddp_model, pacer]): it is a collective, which "
+                "a rank that ran out of inputs cannot take part in (the others waited for it "
+                "until the process group's timeout); take it after the Join's block")
         return checkpoint.gather(self._engine.policy_state(), steps=self.steps,
                                  world_size=self.world_size, group=self.group,
                                  device=self.join_device, group_ranks=_subgroup_ranks(self.group))
@@ -573,18 +585,22 @@ class Pacer(Joinable):
     def _check_join(self) -> None:
         """Refuses the first step after a Join took a model this pacer paces and not the
         pacer: its ranks that ran out of inputs would not shadow this step(), and the others'
-        all_gather waited for them until the process group's timeout (30 min on gloo)."""
+        all_gather waited for them until the process group's timeout (30 min on gloo). Not
+        after a pause(): a Join between two steps (around an eval loop) has ended."""
         own_joined = self._join_config is not self._own_join_seen and self._join_config.enable
         self._own_join_seen = self._join_config
+        paused, self._paused = self._paused, False
         for model, seen in list(self._models.items()):
             config = model._join_config
             if config is seen.join_config:
                 continue
             seen.join_config = config
-            if config.enable and not own_joined:
+            if config.enable and not own_joined and not paused:
                 raise ValueError("the DDP model this pacer paces is in a Join without the "
                                  "pacer: pass both, Join([ddp_model, pacer]), so that a rank "
-                                 "that ran out of inputs also shadows pacer.step()")
+                                 "that ran out of inputs also shadows pacer.step(). (A Join "
+                                 "around an eval loop alone: call pacer.pause() between the "
+                                 "last step() and the eval, or after it, as for any pause)")
 
     def _compare_site_names(self) -> None:
         """Every rank at the same step (a collective): warns when the ranks' paced sites
@@ -878,6 +894,9 @@ class _PacerJoinHook(JoinHook):
         pacer = self.pacer
         if pacer._sites_this_step or not pacer._hooked:
             pacer.step()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.pacer._join_open = False  # every rank has joined: the Join ends
 
 
 def _subgroup_ranks(group: Any) -> list[int] | None:

@@ -464,6 +464,80 @@ def test_a_model_in_join_without_its_pacer_is_refused_at_the_first_step():
     assert time.monotonic() - t0 < 25
 
 
+def _eval_in_join(rank, world, pause):
+    """Three paced steps, an eval loop of uneven batches in Join([ddp]) (no_sync, no_grad: the
+    form that runs under plain DDP), then three more steps, with pause() after the eval or
+    without it."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Linear(8, 8))
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=1))
+    pacer.attach(ddp)
+
+    def train():
+        for _ in range(3):
+            ddp(torch.randn(4, 8)).sum().backward()
+            pacer.step()
+
+    train()
+    with torch.no_grad(), ddp.no_sync(), Join([ddp]):
+        for _ in range(2 + rank):
+            ddp(torch.randn(4, 8))
+    if pause:
+        pacer.pause()
+    try:
+        train()
+    except ValueError as e:
+        return str(e)
+    return pacer.steps
+
+
+def test_an_eval_loop_in_join_is_a_pause_not_a_join_without_the_pacer():
+    """torch leaves the model's Join config as an eval loop's Join set it: the next step took
+    the model for one in a Join without the pacer, and the job died at its first eval. A
+    pause() says the time between the steps was not training; without one, the refusal says
+    to call it."""
+    assert run_ranks(_eval_in_join, 2, True, collective_timeout_s=30) == [6, 6]
+    for refused in run_ranks(_eval_in_join, 2, False, collective_timeout_s=30):
+        assert "A Join around an eval loop alone: call pacer.pause()" in refused
+
+
+def _state_in_join(rank, world):
+    """Uneven batches in Join([ddp, pacer]) with a checkpoint of the pacer at step 2 (rank 1
+    has 3 batches, rank 0 five), then one after the Join's block."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(8, 8))
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=1))
+    pacer.attach(ddp)
+    refused = None
+    with Join([ddp, pacer]):
+        for k in range(5 if rank == 0 else 3):
+            ddp(torch.randn(4, 8)).sum().backward()
+            pacer.step()
+            if k == 2:
+                try:
+                    pacer.state_dict()
+                except RuntimeError as e:
+                    refused = str(e)
+    return refused, pacer.state_dict()["steps"]
+
+
+def test_a_pacer_state_inside_its_join_is_refused_and_taken_after_it():
+    """state_dict() is a collective, which a rank out of inputs cannot shadow: in
+    Join([ddp_model, pacer]) rank 0 waited in it for rank 1, gone into the Join's exit, until
+    the process group's timeout, and then blamed a call under `if rank == 0`. Refused at once
+    inside the Join; after its block, taken."""
+    t0 = time.monotonic()
+    for refused, steps in run_ranks(_state_in_join, 2, collective_timeout_s=30):
+        assert refused.startswith("Pacer.state_dict() inside Join([ddp_model, pacer])")
+        assert steps == 5
+    assert time.monotonic() - t0 < 25
+
+
 def _join_before_attach(rank, world):
     """Uneven batches under Join([ddp]) (no pacer yet), then a pacer attached and plain steps:
     torch leaves the model's Join config enabled for good."""
