@@ -158,7 +158,7 @@ def test_cli_prints_the_headline_then_the_cost_then_lost_time_with_its_definitio
     assert lines[0].startswith("baseline-1: rank 3 last in 9") and "% of steps" in lines[0]
     assert "ms behind the median rank" in lines[0]
     assert "cause locality (" in lines[0] and "confidence 0." in lines[0]
-    assert lines[1].startswith("  the last rank's lead over the next-latest cost up to ")
+    assert lines[1].startswith("  the last rank alone, by its lead over the next-latest: up to ")
     assert "rank 3 " in lines[1]
     assert lines[2].strip().startswith("lost ") and "% of the measured time" in lines[2]
     assert "ideal step" in lines[2] and "5th percentile of the step times" in lines[2]
@@ -345,7 +345,7 @@ def test_the_report_says_what_the_late_rank_costs(tmp_path):
     assert sum(r["cost_us_per_step"] for r in c["ranks"]) == pytest.approx(c["lead_us_per_step"])
     assert main(["report", str(path), "--out", str(tmp_path / "out"), "--quiet", "--json"]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
-    assert "The last rank&#x27;s lead over the next-latest cost up to" in page
+    assert "The last rank alone, by its lead over the next-latest: up to" in page
     doc = json.loads((tmp_path / "out" / "findings.json").read_text())
     cost = doc["runs"][0]["summary"]["late_cost"]
     assert cost["ranks"][0]["rank"] == 3

@@ -78,8 +78,8 @@ def test_rank_costs_add_up_to_the_last_ranks_lead():
     assert [r["cost_us_per_step"] for r in c["ranks"]] == pytest.approx([1000.0, 250.0])
     assert [r["last_fraction"] for r in c["ranks"]] == pytest.approx([0.5, 0.5])
     line = cost_line(diagnose(run))
-    assert line.startswith("the last rank's lead over the next-latest cost up to 1.25 ms a step "
-                           "(1.2% of the mean step): rank 0 1.00 ms (last in 50%), rank 1 "
+    assert line.startswith("the last rank alone, by its lead over the next-latest: up to 1.25 ms a "
+                           "step on average (1.2% of the mean step): rank 0 1.00 ms (last in 50%), rank 1 "
                            "0.25 ms (last in 50%)"), line
 
 
@@ -176,7 +176,7 @@ def test_a_late_node_is_named_together_with_its_cost(late):
     assert cost_line(d).startswith(start), cost_line(d)
     assert float(cost_line(d)[len(start):].split()[0]) == pytest.approx(3.0, abs=0.1)
     # a lower bound, and why: one collective's arrivals a step
-    assert f": at least {group['cost_us_per_step'] / 1e3:.2f} ms a step" in cost_line(d)
+    assert f": together at least {group['cost_us_per_step'] / 1e3:.2f} ms a step" in cost_line(d)
     assert "seen at one collective a step" in cost_line(d)
     assert "no persistently late rank" not in line
 

@@ -78,7 +78,7 @@ def cost_line(d: Diagnosis) -> str:
         # gated by the collective before it, which hides the rest of a handicap (README).
         parts.append(f"{_ranks(group['ranks'])} arrived after every other rank in "
                      f"{100 * group['last_fraction']:.0f}% of the steps, by typically "
-                     f"{group['last_lead_us'] / 1e3:.2f} ms: at least "
+                     f"{group['last_lead_us'] / 1e3:.2f} ms: together at least "
                      f"{group['cost_us_per_step'] / 1e3:.2f} ms a step on "
                      f"average ({100 * group['share_of_step']:.1f}% of the measured time; seen "
                      f"at one collective a step, a handicap spread over the backward shows in "
@@ -98,8 +98,10 @@ def cost_line(d: Diagnosis) -> str:
             f"{_pct(_last_share(r['last_steps'], c['steps_with_clear_last'], measured)[0])})"
             for r in c["ranks"][:3])
         by = f": {ranks}" if ranks else ""
-        parts.append(f"the last rank's lead over the next-latest cost up to "
-                     f"{c['lead_us_per_step'] / 1e3:.2f} ms a step "
+        # An upper bound for one rank, after the group's lower bound for several: "alone"
+        # says why it can be the smaller figure.
+        parts.append(f"the last rank alone, by its lead over the next-latest: up to "
+                     f"{c['lead_us_per_step'] / 1e3:.2f} ms a step on average "
                      f"({100 * c['share_of_step']:.1f}% of the mean step){by}")
     return "; ".join(parts)
 
