@@ -353,6 +353,11 @@ def test_policy_settings_from_the_environment_are_said_and_kept(tmp_path, capsys
     assert said in out and "GPUPACE_MODE" not in out, out
     doc = json.loads(js.read_text())
     assert doc["policy_config"]["gain"] == 0.5 and said in doc["notes"][0]
+    # one the simulated policy does not read is still read as a Pacer reads it: GPUPACE_MODE=foo
+    # ran on, unsaid, where `gpupace doctor` and every Pacer refuse it
+    monkeypatch.setenv("GPUPACE_MODE", "foo")
+    assert main(["simulate", "--preset", "quiet", "--nodes", "1", "--steps", "60"]) == 2
+    assert "(from the environment: GPUPACE_MODE='foo')" in capsys.readouterr().err
 
 
 def test_paper_with_one_gpu_a_node_says_it_has_no_locality(capsys):

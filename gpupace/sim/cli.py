@@ -287,6 +287,7 @@ def run(args: argparse.Namespace) -> int:
         elif res.policy == "gpupace" and res.scenario.nodes == max(nodes):
             keep_last["res"] = res
 
+    PaceConfig()  # every GPUPACE_* setting read as a Pacer reads it: a bad one is named here
     policy = PaceConfig(mode="pace")  # the gpupace policy's, environment included, made once
     t0 = time.perf_counter()
     rows = scaling_table(make, nodes, steps=args.steps, seed=args.seed, config=policy,
