@@ -623,6 +623,10 @@ def iter_records(path: str | os.PathLike, skipped: list[str],
                     if ends is not None:
                         ends.append(obj)
                     continue
+                if isinstance(obj, dict) and obj.get("gpupace") == "telemetry":
+                    skipped.append(f"line {lineno}: a second header (two runs in one file, "
+                                   "joined by hand?): its records are read as the first's")
+                    continue
                 record = StepRecord.from_dict(obj)
             except (json.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
                 skipped.append(f"line {lineno}: {type(e).__name__}: {str(e)[:120]}")
@@ -633,7 +637,7 @@ def iter_records(path: str | os.PathLike, skipped: list[str],
 class NotTelemetry(ValueError):
     """A file whose first line is no gpupace telemetry header, or empty: another tool's (a
     gpupace writer writes its header as it opens the file), not a damaged or newer gpupace
-    file."""
+    file; or one cut short inside its header, which holds no run either."""
 
 
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
@@ -673,6 +677,9 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
         if (kind := _compressed(first)) is not None:
             raise NotTelemetry(f"{path} is {kind}-compressed: decompress it first, gpupace "
                                "reads plain JSON lines") from None
+        if first.startswith('{"gpupace": "telemetry"') and not first.endswith("\n"):
+            raise NotTelemetry(f"{path} ends inside its header, cut short: its writer stopped "
+                             "as it opened the file (no step was written)") from None
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
     if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header")

@@ -417,6 +417,30 @@ def test_truncated_and_corrupt_lines_give_a_partial_report(sim_dir, tmp_path, ca
     assert "2 lines skipped" in page and "line 101: JSONDecodeError" in page and "line 202" in page
 
 
+def test_two_runs_joined_in_one_file_and_a_header_cut_short_are_said_so(sim_dir, tmp_path):
+    """A second run's header in the middle of a file was one more "unreadable line" (ValueError:
+    step record lacks fields); a file cut inside its header read as another tool's ("not a
+    gpupace telemetry header (Unterminated string ...)")."""
+    src, _ = _telemetry(sim_dir, "jitter", 2, 4, 1)
+    lines = src.read_text().splitlines(keepends=True)
+    joined = tmp_path / "joined.jsonl"
+    joined.write_text("".join(lines[:41] + lines))
+    run = load_runs([joined])[0]
+    assert run.skipped == ["line 42: a second header (two runs in one file, joined by hand?): "
+                           "its records are read as the first's"]
+    assert any("40 records repeat the step number of an earlier one" in n for n in run.notes)
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    (folder / "cut.jsonl").write_text(lines[0][:80])
+    (folder / "whole.jsonl").write_text("".join(lines))
+    (run,) = load_runs([folder])  # in a folder: passed over, saying why
+    note = (f"passed over: {folder / 'cut.jsonl'} ends inside its header, cut short: its "
+            "writer stopped as it opened the file (no step was written)")
+    assert note in run.notes, run.notes
+    with pytest.raises(ValueError, match="ends inside its header, cut short"):
+        load_runs([folder / "cut.jsonl"])  # named: an error
+
+
 # -- the CLI end to end -------------------------------------------------------------------
 
 

@@ -410,6 +410,15 @@ def test_a_record_of_another_world_size_is_skipped_not_a_rank_more(tmp_path):
     assert run.world_size == 2 and run.earliness.shape == (STEPS - 1, 2)
     assert run.skipped == ["step 40: earliness_us holds 3 values, expected 2 (one per rank)"]
     assert "1 unreadable or implausible lines skipped (first: step 40: " in run.notes[0]
+    # A file with an end line: the skipped record's step is not one more "step with no
+    # record", put down to steps without a paced collective
+    ended = _damaged(bad, tmp_path / "ended.jsonl", 0, lambda h: h.update(end_mark=True))
+    with ended.open("a") as f:
+        f.write(json.dumps({"gpupace": "end", "steps": STEPS, "how": "closed", "dropped": 0})
+                + "\n")
+    notes = load_runs([ended])[0].notes
+    assert not any("have no record" in n for n in notes), notes
+    assert any("1 unreadable or implausible lines skipped" in n for n in notes)
     d, want = diagnose(run), diagnose(load_runs([clean])[0])
     assert d.modes[0].mode == want.modes[0].mode == "locality" and d.modes[0].ranks == [1]
     assert "behind the other rank" in headline(d)
@@ -457,6 +466,14 @@ def test_a_record_with_an_absurd_time_is_skipped(tmp_path):
     long = load_runs([_damaged(clean, tmp_path / "long.jsonl", 61,
                                lambda r: r.update(step_time_us=1.2e9))])[0]
     assert long.steps == STEPS and long.step_time[long.step == 60] == pytest.approx(1.2e9)
+    # A negative step time or spread is no measurement either: such records were left out of
+    # the figures unsaid (measured steps 50 -> 40, no note)
+    neg = _damaged(clean, tmp_path / "neg.jsonl", 41, lambda r: r.update(step_time_us=-5.0))
+    neg = _damaged(neg, tmp_path / "neg2.jsonl", 51, lambda r: r.update(spread_us=-1.0))
+    run = load_runs([neg])[0]
+    assert run.skipped == ["step 40: step_time_us is -5.0, expected a time >= 0",
+                           "step 50: spread_us is -1.0, expected a time >= 0"]
+    assert "2 unreadable or implausible lines skipped" in run.notes[0]
 
 
 def test_runs_of_one_name_in_two_directories_are_told_apart_by_the_directory(tmp_path,

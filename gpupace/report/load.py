@@ -248,7 +248,9 @@ def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run
         notes.append(f"{name}: the run ended on an error ({how.removeprefix('error: ')})"
                      + (f" after {steps} steps" if isinstance(steps, int) else ""))
     gap = run.record_gap
-    inside = int(np.maximum(np.diff(run.step) - gap, 0).sum()) - dropped * gap
+    # Lines skipped as unreadable or implausible are records of steps, said in a note of their
+    # own: not counted again here as steps without one (with a wrong cause)
+    inside = int(np.maximum(np.diff(run.step) - gap, 0).sum()) - (dropped + len(run.skipped)) * gap
     # Records the writer dropped after its last written one are counted in the end line alone
     late_drops = end.get("dropped", 0) - dropped if isinstance(end.get("dropped"), int) else 0
     if late_drops > 0:
@@ -350,6 +352,7 @@ _PER_RANK = ("earliness_us", "wait_us", "delay_us", "step_times_us")
 # row. Not the policy's ABSURD_US (1000 s): a step with a 20-minute evaluation in it is real.
 IMPLAUSIBLE_US = 1e13  # ~4 months
 _TIMES_US = ("step_time_us", "spread_us", "residual_us", "transfer_us")
+_NON_NEGATIVE = ("step_time_us", "spread_us")  # a duration, a latest minus an earliest
 _ARRAYS_US = (*_PER_RANK, "site_spread_us")
 
 
@@ -361,6 +364,8 @@ def _absurd(r: StepRecord) -> str:
         v = getattr(r, name)
         if abs(v) >= IMPLAUSIBLE_US:
             return f"{name} is {v!r}, expected a time of |t| < {IMPLAUSIBLE_US:.0e} us"
+        if v < 0 and name in _NON_NEGATIVE:  # left out of the figures unsaid, as no time
+            return f"{name} is {v!r}, expected a time >= 0"
     for name in _ARRAYS_US:
         a = np.asarray(getattr(r, name), dtype=np.float64)
         bad = np.abs(a) >= IMPLAUSIBLE_US  # False for NaN
