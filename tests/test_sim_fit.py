@@ -387,3 +387,30 @@ def test_the_share_is_read_only_of_late_ranks_and_its_gaps_are_said(tmp_path):
     assert any(n.startswith("a paced run (delays in 1 of its 300 steps)") and
                "read from its steps without one" in n for n in fit.notes)
 
+
+
+@pytest.mark.parametrize("how", ["cut", "error: RuntimeError", "closed"])
+def test_a_file_cut_short_or_of_a_run_that_failed_is_said_so(tmp_path, how):
+    """A file cut short (a rank killed) was fitted from its steps with no word but "1
+    unreadable lines skipped", where the report says its writer stopped."""
+    path = tmp_path / "job.jsonl"
+    header = make_header(source="pacer", world_size=4, label="job",
+                         config={"mode": "observe", "warmup_steps": WARMUP}, samples_per_step=128)
+    end = {"steps": 0, "how": "closed" if how == "cut" else how}
+    res = simulate(JOB, "none", steps=WARMUP + 60, seed=1, keep_sites=True)
+    writer = TelemetryWriter(path, header, end=end)
+    for rec in to_records(res):
+        writer.write(rec)
+        end["steps"] = rec.step + 1
+    writer.close()
+    if how == "cut":  # the end line gone, and the last record cut in half
+        lines = path.read_text().splitlines(keepends=True)[:-1]
+        path.write_text("".join(lines[:-1]) + lines[-1][:40])
+    notes = fit_telemetry(path).notes
+    said = {"cut": f"no end mark: its writer stopped after step {WARMUP + 58} (the rank was "
+                   "killed or crashed, its disk filled, or the run is still going)",
+            "error: RuntimeError": "the run ended on an error (RuntimeError)"}
+    if how in said:
+        assert said[how] in notes, notes
+    else:
+        assert not any("end mark" in n or "ended on an error" in n for n in notes), notes

@@ -224,6 +224,11 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
                      "an offset that is noise; fit from a run of 4 ranks or more where you can")
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
+    if tel.header.get("end_mark") and tel.end is None:  # as the report says it
+        notes.append(f"no end mark: its writer stopped after step {tel.records[-1].step} (the "
+                     "rank was killed or crashed, its disk filled, or the run is still going)")
+    elif tel.end is not None and str(tel.end.get("how", "")).startswith("error"):
+        notes.append(f"the run ended on an error ({str(tel.end['how']).removeprefix('error: ')})")
     if tel.header.get("source") == "pacer":
         notes.append("recorded by a Pacer, whose stamps and step exchange run in observe mode "
                      "too: the file's job paid their cost, which the fitted job keeps in its "
