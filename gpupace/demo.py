@@ -112,7 +112,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="auto: nccl when there is one GPU per rank, else gloo")
     p.add_argument("--telemetry", metavar="DIR",
                    help="write DIR/{baseline,paced}-{1,2}.jsonl, one file per phase "
-                   "(for gpupace report), replacing those of an earlier demo")
+                   "(for gpupace report), replacing those of an earlier demo; a run that "
+                   "fails leaves those, and its own in DIR/incomplete")
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before the run is abandoned (default 600)")
@@ -175,6 +176,13 @@ def run(args: argparse.Namespace) -> int:
                             telemetry_dir=staging, scenario=args.scenario, show_progress=True)
         if staging is not None:
             _publish_telemetry(staging, args.telemetry)
+    except BaseException:
+        kept = _keep_incomplete(staging, args.telemetry) if staging is not None else None
+        if kept is not None:
+            print(f"gpupace demo: the telemetry this run wrote before it stopped is in {kept} "
+                  f"(an earlier run's files in {args.telemetry} are as they were)",
+                  file=sys.stderr, flush=True)
+        raise
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -279,10 +287,29 @@ def _make_outputs(args: argparse.Namespace) -> None:
 
 def _staging_dir(args: argparse.Namespace) -> str | None:
     """A fresh hidden folder in --telemetry for the run's files: an earlier demo's stay in
-    place until this run has succeeded (a run that fails or is interrupted replaces nothing)."""
+    place until this run has succeeded (a run that fails or is interrupted replaces nothing:
+    its own files go to `_keep_incomplete`'s folder)."""
     if not args.telemetry:
         return None
     return tempfile.mkdtemp(prefix=".gpupace-demo-", dir=args.telemetry)  # a name of its own
+
+
+INCOMPLETE = "incomplete"  # --telemetry's folder for the files of a run that failed
+
+
+def _keep_incomplete(staging: str, telemetry: str) -> Path | None:
+    """Moves the files a failed or interrupted run wrote (a phase or two, one cut short) to
+    `telemetry`/incomplete, replacing an earlier failed run's, so that they can still be read
+    (`gpupace report DIR/incomplete`); None when it wrote none."""
+    if not any(Path(staging).glob("*.jsonl")):
+        return None
+    dest = Path(telemetry) / INCOMPLETE
+    try:
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(staging, dest)
+    except OSError:
+        return None  # the run's own error matters: left to be removed with the staging folder
+    return dest
 
 
 def _publish_telemetry(staging: str, telemetry: str) -> None:

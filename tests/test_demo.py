@@ -229,9 +229,32 @@ def test_a_demo_that_fails_leaves_the_earlier_demos_telemetry(tmp_path, capsys):
     # said before the ranks start: 2 s of straggler work alone, past half the deadline
     assert "the straggler's work alone is 2 s of the run (998 steps a side)" in err, err
     assert "may outlast --timeout (2 s), which ends it without results" in err, err
-    # the new run's files went to a folder of their own, removed with them
-    assert sorted(p.name for p in tel.iterdir()) == ["baseline-1.jsonl"]
+    # the new run's files went to a folder of their own, kept apart if it wrote any
+    kept = (tel / "incomplete").exists()
+    assert sorted(p.name for p in tel.iterdir()) == ["baseline-1.jsonl", *["incomplete"] * kept]
     assert (tel / "baseline-1.jsonl").read_text() == "an earlier demo's\n"
+    assert ("the telemetry this run wrote before it stopped is in" in err) == kept
+
+
+def test_a_failed_demos_files_are_kept_apart_not_removed(tmp_path):
+    """A rank killed in the third phase lost the two phases before it with the staging folder:
+    they go to --telemetry/incomplete (an earlier failed run's replaced), the earlier demo's
+    files stay; a run that wrote nothing leaves nothing."""
+    from gpupace.demo import _keep_incomplete
+
+    tel = tmp_path / "tel"
+    (tel / "incomplete").mkdir(parents=True)
+    (tel / "incomplete" / "baseline-1.jsonl").write_text("an earlier failed run's\n")
+    (tel / "paced-1.jsonl").write_text("an earlier demo's\n")
+    staging = tel / ".gpupace-demo-x"
+    staging.mkdir()
+    (staging / "baseline-1.jsonl").write_text("this run's\n")
+    assert _keep_incomplete(str(staging), str(tel)) == tel / "incomplete"
+    assert [p.read_text() for p in (tel / "incomplete").iterdir()] == ["this run's\n"]
+    assert not staging.exists() and (tel / "paced-1.jsonl").read_text() == "an earlier demo's\n"
+    empty = tel / ".gpupace-demo-y"
+    empty.mkdir()
+    assert _keep_incomplete(str(empty), str(tel)) is None and empty.exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
