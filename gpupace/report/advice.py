@@ -18,8 +18,12 @@ ACTIONS = {
     "late_spells": "{ranks} late for spells of the run (steps in the evidence), not all of it, "
     "so not placement, which stays put: look at what else ran on the machines in those steps (data "
     "loading, checkpoint writes, other processes, thermal or power capping, a degraded link)",
+    # Timing alone cannot tell placement from a rank given more work, or a slower GPU: both
+    # are steadily late (the demo's persistent straggler is more work, and reads locality).
     "locality": "fix placement: check the GPU-to-NIC and NUMA affinity of {ranks} "
-    "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them",
+    "(nvidia-smi topo -m), bind them to their near NIC and CPU socket, or move them; where "
+    "placement is right, check whether {their} work or data is uneven (longer sequences, a "
+    "larger shard) or {their} GPU slower (clocks, throttling: nvidia-smi -q -d PERFORMANCE)",
     "fabric_contention": "look at the topology: congested links or switches (oversubscribed "
     "uplinks, other jobs on the same leaf); topology-aware placement, NCCL algorithm/channel "
     "tuning",
