@@ -744,6 +744,11 @@ def test_one_rank_and_all_nan_runs_report_without_warnings(tmp_path, capsys):
             "warm-up (steps before 0) and 5 more had no step time above 0)"
             in doc["runs"][1]["summary"]["note"])
     assert all(m["verdict"] == "not enough evidence" for r in doc["runs"] for m in r["modes"])
+    has_lost = [r["summary"].get("lost_fraction") is not None for r in doc["runs"]]
+    # the lost time's definition is printed where a run has that figure, not for none
+    assert ("lost time: " in cap.out) == any(has_lost), (has_lost, cap.out)
+    rc, cap = _report(tmp_path, capsys, blank)
+    assert rc == 0 and "lost time: " not in cap.out, cap.out
 
 
 def test_signatures_follow_the_physics(sim_dir, tmp_path):

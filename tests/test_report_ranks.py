@@ -237,3 +237,14 @@ def test_the_cdf_of_steps_with_a_long_tail_draws_on_a_log_axis(tmp_path):
     steps[5] = 5e6
     assert cdf([_run(_late(200, 4, {}), step_us=steps)], tmp_path) == "cdf.png"
     assert cdf([_run(_late(200, 4, {}), step_us=np.full(200, 1e5))], tmp_path) == "cdf.png"
+
+
+def test_the_split_of_lost_time_adds_up_to_a_whole():
+    """Each share rounded alone read 36% + 16% + 49% = 101%."""
+    from gpupace.report.text import whole_percents
+
+    assert whole_percents([0.355, 0.155, 0.49]) == [36, 15, 49]
+    assert sum(whole_percents([0.333, 0.333, 0.334])) == 100
+    assert whole_percents([0.0, 1.0]) == [0, 100]
+    assert whole_percents([0.2, 0.3]) == [20, 30]  # a part of the whole: its own sum
+    assert whole_percents([]) == []

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  note: {note}")
     for comp in doc["comparisons"]:
         print(cli_line(comp))
-    print(f"({LOST_DEFINITION})")
+    if any("lost_fraction" in d.summary for d in diags):  # a definition of a figure shown
+        print(f"({LOST_DEFINITION})")
     if out is None:
         print("(--out DIR writes the HTML report, its plots and, with --json, findings.json)")
         return 0
