@@ -555,8 +555,9 @@ def _diagnose(run: Run) -> Diagnosis:
     amp_ev = {"late_rank_rotation": rotation, "top_late_rank_fraction": top_share,
               "coupling_index": coupling, "spike_loss_shared_us": coupling * spike_loss,
               "steps_with_spread_excess": int(late_steps.sum()),
-              "spread_p50_us": _p(spread, 50), "spread_p99_us": _p(spread, 99),
-              "spread_over_step_p50": _p(spread, 50) / p50}
+              # the spread each step time saw (`aligned_spread`), not the summary's spread
+              "aligned_spread_p50_us": _p(spread, 50), "aligned_spread_p99_us": _p(spread, 99),
+              "aligned_spread_over_step_p50": _p(spread, 50) / p50}
     amp_strength = amp_sig * size
     if spells:
         # A spell's evidence is locality's, over the spell: how often its ranks were late by
