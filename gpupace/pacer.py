@@ -190,8 +190,9 @@ class Pacer(Joinable):
         # last looked at (`_AttachedModel`)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._own_join_seen = self._join_config
-        self._paused = False  # pause() since the last step(): a Join in between is no training's
-        self._join_open = False  # in Join([ddp_model, pacer]): from its making to its post hook
+        # The pacer's hook in the last Join([ddp_model, pacer]) made: alive until the Join
+        # ends (torch frees it then, on an error too), `ended` once every rank joined
+        self._join_hook: weakref.ref | None = None
         self._loaded_sites: tuple[int, int] | None = None  # (saved sites, steps to wait)
         self._warned: set[str] = set()  # misuse already warned about, once each
         self._closed = False
@@ -429,13 +430,14 @@ class Pacer(Joinable):
         Unmarked, the pause read as one slow step (throughput and the step-time tail in
         `summary()` with it) and as late arrivals. Call it between `step()` and the next
         step's first paced collective, before or after the pause; no collective, no sync. An
-        eval loop in `Join([ddp_model])` needs it: torch leaves the model's Join config as the
-        Join set it, and the next step() would take the model for one in a Join without the
-        pacer."""
+        eval loop in `Join([ddp_model])` needs it after the loop: torch leaves the model's Join
+        config as the Join set it, and the next step() would take the model for one in a Join
+        without the pacer (a Join made after the pause still is)."""
         if self._sites_this_step:
             raise RuntimeError(f"pacer.pause() inside a step ({self._sites_this_step} paced "
                                "collectives since the last step()): call it between steps")
-        self._paused = True  # a Join in the pause (around an eval loop) is not training's
+        for model, seen in self._models.items():  # a Join that ended before the pause
+            seen.join_config = model._join_config  # (around an eval loop) is no training's
         if self._engine is not None and self.enabled:
             self._engine.forget_exits()
 
@@ -451,8 +453,9 @@ class Pacer(Joinable):
             raise ValueError("Join(..., divide_by_initial_world_size=False) is not supported "
                              "with gpupace: its DDP hook averages over the whole world size, "
                              "as DDP does by default; leave the option at True")
-        self._join_open = True  # until the Join's post hook: state_dict() refused meanwhile
-        return _PacerJoinHook(self)
+        hook = _PacerJoinHook(self)
+        self._join_hook = weakref.ref(hook)  # open while torch holds it: state_dict() refused
+        return hook
 
     @property
     def join_device(self) -> torch.device:
@@ -545,7 +548,7 @@ class Pacer(Joinable):
         the same dict. Tensors and plain values only: `torch.load` reads it back with weights_only.
         Synchronises (device backend)."""
         self._check_between_steps("state_dict")
-        if self._join_open and self._join_config.enable:
+        if self._in_own_join():
             raise RuntimeError(
                 "Pacer.state_dict() inside Join([ddp_model, pacer]): it is a collective, which "
                 "a rank that ran out of inputs cannot take part in (the others waited for it "
@@ -582,25 +585,31 @@ class Pacer(Joinable):
         elif self.steps > 0:  # its own count goes on, with the warm-up again from here
             self._rewarms.append(range(self.steps, self.steps + self.config.warmup_steps))
 
+    def _in_own_join(self) -> bool:
+        """Inside Join([ddp_model, pacer]): its hook alive (torch frees it when the block ends,
+        on an error too, where the post hook does not run) and not ended."""
+        hook = self._join_hook() if self._join_hook is not None else None
+        return hook is not None and not hook.ended and self._join_config.enable
+
     def _check_join(self) -> None:
         """Refuses the first step after a Join took a model this pacer paces and not the
         pacer: its ranks that ran out of inputs would not shadow this step(), and the others'
-        all_gather waited for them until the process group's timeout (30 min on gloo). Not
-        after a pause(): a Join between two steps (around an eval loop) has ended."""
+        all_gather waited for them until the process group's timeout (30 min on gloo). A Join
+        that ended before a pause() (around an eval loop) is not one: pause() marks the
+        configs it finds as seen."""
         own_joined = self._join_config is not self._own_join_seen and self._join_config.enable
         self._own_join_seen = self._join_config
-        paused, self._paused = self._paused, False
         for model, seen in list(self._models.items()):
             config = model._join_config
             if config is seen.join_config:
                 continue
             seen.join_config = config
-            if config.enable and not own_joined and not paused:
+            if config.enable and not own_joined:
                 raise ValueError("the DDP model this pacer paces is in a Join without the "
                                  "pacer: pass both, Join([ddp_model, pacer]), so that a rank "
                                  "that ran out of inputs also shadows pacer.step(). (A Join "
-                                 "around an eval loop alone: call pacer.pause() between the "
-                                 "last step() and the eval, or after it, as for any pause)")
+                                 "around an eval loop alone, ended: call pacer.pause() after "
+                                 "the loop, as for any pause)")
 
     def _compare_site_names(self) -> None:
         """Every rank at the same step (a collective): warns when the ranks' paced sites
@@ -703,11 +712,11 @@ class Pacer(Joinable):
                     f"{_ranks_text(mine)}: build it with Pacer(..., group="
                     f"ddp_model.process_group), or the paced gradients would be averaged over "
                     f"the wrong ranks")
+        if not self.enabled:
+            return
         why = _device_mismatch(getattr(target, "device", None), getattr(self._engine, "device", None))
         if why:
             raise ValueError(why)
-        if not self.enabled:
-            return
         used = {m.number for m in self._models.values()}  # of the models alive: a re-wrapped
         number = min(set(range(len(used) + 1)) - used)  # model's number is free again
         prefix = f"model{number}." if number else ""
@@ -731,7 +740,7 @@ class Pacer(Joinable):
         state = dict(self.__dict__)
         state.update(config=self.config.replace(mode="off", telemetry_path=""), group=None,
                      _engine=None, _writer=None, _tb=None, _closed=True, _world=None,
-                     _models=None, _collected=None)
+                     _models=None, _collected=None, _join_hook=None)
         return state
 
     def close(self) -> None:
@@ -884,7 +893,7 @@ class _PacerJoinHook(JoinHook):
     """A joined rank's share of each step: the pacer's step (see `Pacer.join_hook`)."""
 
     def __init__(self, pacer: Pacer):
-        self.pacer = pacer
+        self.pacer, self.ended = pacer, False
 
     def main_hook(self) -> None:
         # Once per forward pass of the other ranks, who step once per optimizer step: with
@@ -896,7 +905,7 @@ class _PacerJoinHook(JoinHook):
             pacer.step()
 
     def post_hook(self, is_last_joiner: bool) -> None:
-        self.pacer._join_open = False  # every rank has joined: the Join ends
+        self.ended = True  # every rank has joined: the Join ends (its object may live on)
 
 
 def _subgroup_ranks(group: Any) -> list[int] | None:
@@ -981,8 +990,9 @@ def _device_mismatch(model: Any, engine: Any) -> str | None:
     if model.type != "cuda" or engine.type != "cuda" or model == engine:
         return None
     return (f"the DDP model is on {model} and this pacer's device backend on {engine} (the "
-            f"group's bound device, else the current one when the pacer was made): call torch.cuda.set_device({model.index}) "
-            f"before making the Pacer, or init_process_group(device_id=...)")
+            f"group's bound device, else the current one when the pacer was made): call "
+            f"torch.cuda.set_device({model.index}) before making the Pacer, and where the group "
+            f"is bound, init_process_group(device_id=torch.device('cuda', {model.index}))")
 
 
 def _ranks_text(ranks: list[int]) -> str:

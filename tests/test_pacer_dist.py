@@ -466,8 +466,8 @@ def test_a_model_in_join_without_its_pacer_is_refused_at_the_first_step():
 
 def _eval_in_join(rank, world, pause):
     """Three paced steps, an eval loop of uneven batches in Join([ddp]) (no_sync, no_grad: the
-    form that runs under plain DDP), then three more steps, with pause() after the eval or
-    without it."""
+    form that runs under plain DDP), then three more steps, with pause() "after" the eval,
+    "before" it or without one (None)."""
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -482,10 +482,12 @@ def _eval_in_join(rank, world, pause):
             pacer.step()
 
     train()
+    if pause == "before":
+        pacer.pause()
     with torch.no_grad(), ddp.no_sync(), Join([ddp]):
         for _ in range(2 + rank):
             ddp(torch.randn(4, 8))
-    if pause:
+    if pause == "after":
         pacer.pause()
     try:
         train()
@@ -497,11 +499,13 @@ def _eval_in_join(rank, world, pause):
 def test_an_eval_loop_in_join_is_a_pause_not_a_join_without_the_pacer():
     """torch leaves the model's Join config as an eval loop's Join set it: the next step took
     the model for one in a Join without the pacer, and the job died at its first eval. A
-    pause() says the time between the steps was not training; without one, the refusal says
-    to call it."""
-    assert run_ranks(_eval_in_join, 2, True, collective_timeout_s=30) == [6, 6]
-    for refused in run_ranks(_eval_in_join, 2, False, collective_timeout_s=30):
-        assert "A Join around an eval loop alone: call pacer.pause()" in refused
+    pause() after the loop says the time was not training; without one, the refusal says to
+    call it. A Join made after the pause is still refused (it may be a training loop's, whose
+    ranks out of inputs would leave the others in the step's all_gather)."""
+    assert run_ranks(_eval_in_join, 2, "after", collective_timeout_s=30) == [6, 6]
+    for pause in (None, "before"):
+        for refused in run_ranks(_eval_in_join, 2, pause, collective_timeout_s=30):
+            assert "A Join around an eval loop alone, ended: call pacer.pause() after" in refused
 
 
 def _state_in_join(rank, world):
@@ -523,6 +527,11 @@ def _state_in_join(rank, world):
                     pacer.state_dict()
                 except RuntimeError as e:
                     refused = str(e)
+    try:  # a Join whose block raised runs no post hook: it has ended all the same
+        with Join([ddp, pacer]):
+            raise KeyError("the job's own error")
+    except KeyError:
+        pass
     return refused, pacer.state_dict()["steps"]
 
 
@@ -530,7 +539,7 @@ def test_a_pacer_state_inside_its_join_is_refused_and_taken_after_it():
     """state_dict() is a collective, which a rank out of inputs cannot shadow: in
     Join([ddp_model, pacer]) rank 0 waited in it for rank 1, gone into the Join's exit, until
     the process group's timeout, and then blamed a call under `if rank == 0`. Refused at once
-    inside the Join; after its block, taken."""
+    inside the Join; after its block, taken, after one that raised too."""
     t0 = time.monotonic()
     for refused, steps in run_ranks(_state_in_join, 2, collective_timeout_s=30):
         assert refused.startswith("Pacer.state_dict() inside Join([ddp_model, pacer])")
