@@ -419,6 +419,15 @@ def test_a_record_of_another_world_size_is_skipped_not_a_rank_more(tmp_path):
     notes = load_runs([ended])[0].notes
     assert not any("have no record" in n for n in notes), notes
     assert any("1 unreadable or implausible lines skipped" in n for n in notes)
+    # ... nor does it hide a step truly missing: step 20's record gone, the last one skipped
+    lines = ended.read_text().splitlines(keepends=True)
+    last = json.loads(lines[-2])
+    last["spread_us"] = -5.0
+    gone = tmp_path / "gone.jsonl"
+    gone.write_text("".join(lines[:21] + lines[22:-2] + [json.dumps(last) + "\n", lines[-1]]))
+    missing = [n for n in load_runs([gone])[0].notes if "have no record" in n]
+    assert missing == ["gone.jsonl: 1 steps have no record: steps with no paced collective, or "
+                       "that the ranks disagreed on (the ranks' warnings say when)"], missing
     d, want = diagnose(run), diagnose(load_runs([clean])[0])
     assert d.modes[0].mode == want.modes[0].mode == "locality" and d.modes[0].ranks == [1]
     assert "behind the other rank" in headline(d)

@@ -152,11 +152,13 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     scalars = {name: [] for name in _SCALARS}
     earliness, delay, site_spread, widths = [], [], [], []
     rejected: list[str] = []
+    rejected_steps: list[int] = []  # recorded steps all the same, for `end_notes`
     dropped = 0
     for r in records:
         dropped += r.dropped_before  # the writer's count, whatever this record holds
         if why := _absurd(r):
             rejected.append(f"step {r.step}: {why}")
+            rejected_steps.append(r.step)
             continue
         for name, values in scalars.items():
             values.append(getattr(r, name))
@@ -169,6 +171,7 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     for k, lengths in enumerate(widths):
         if why := _misfit(lengths, world):
             rejected.append(f"step {scalars['step'][k]}: {why}")
+            rejected_steps.append(scalars["step"][k])
         else:
             fits.append(k)
     skipped = [*skipped, *rejected]
@@ -220,7 +223,8 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
     if header.get("source") == "sim":  # the same run's figures differ between the two
         run.notes.append(f"{path.name}: simulated; every step is counted here, where `gpupace "
                          "simulate`'s table counts the second half (the policy's start left out)")
-    run.notes += end_notes(path.name, header, ends[-1] if ends else None, run, dropped)
+    run.notes += end_notes(path.name, header, ends[-1] if ends else None, run, dropped,
+                           rejected_steps, unread=len(skipped) - len(rejected))
     given = header.get("first_measured_step")
     if given is not None and not (isinstance(given, (int, float))
                                   and not isinstance(given, bool) and given >= 0):
@@ -231,12 +235,15 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
 
 
 def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run: Run,
-              dropped: int = 0) -> list[str]:
+              dropped: int = 0, skipped_steps: Sequence[int] = (), unread: int = 0) -> list[str]:
     """What a file's end line (or its absence, where the header promised one) says of the run:
-    cut short, ended on an error, or steps that have no record."""
+    cut short, ended on an error, or steps that have no record. `skipped_steps`: steps whose
+    records were skipped as implausible, which were recorded all the same; `unread`: lines
+    skipped as unreadable, whose steps are unknown."""
     if not header.get("end_mark"):  # an older writer's file, or one written whole
         return []
-    last = int(run.step[-1])
+    recorded = np.union1d(run.step, np.asarray(skipped_steps, dtype=np.int64))
+    last = int(recorded[-1])
     if end is None:
         run.unfinished = f"{name} has no end mark after step {last}"
         return [f"{name}: no end mark: its writer stopped after step {last} (the rank was "
@@ -248,9 +255,7 @@ def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run
         notes.append(f"{name}: the run ended on an error ({how.removeprefix('error: ')})"
                      + (f" after {steps} steps" if isinstance(steps, int) else ""))
     gap = run.record_gap
-    # Lines skipped as unreadable or implausible are records of steps, said in a note of their
-    # own: not counted again here as steps without one (with a wrong cause)
-    inside = int(np.maximum(np.diff(run.step) - gap, 0).sum()) - (dropped + len(run.skipped)) * gap
+    inside = int(np.maximum(np.diff(recorded) - gap, 0).sum()) - dropped * gap
     # Records the writer dropped after its last written one are counted in the end line alone
     late_drops = end.get("dropped", 0) - dropped if isinstance(end.get("dropped"), int) else 0
     if late_drops > 0:
@@ -265,6 +270,7 @@ def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run
                         if after > 0 else "")
                      + ": steps with no paced collective, or that the ranks disagreed on "
                      "(the ranks' warnings say when)"
+                     + (f", or among the {unread} lines skipped as unreadable" if unread else "")
                      + ("; or records still on the GPU when the process exited without "
                         "pacer.close()" if unclosed and after > 0 else ""))
     return notes
