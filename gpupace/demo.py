@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     staging = _staging_dir(args)
+    kept = None
     try:
         results = run_ranks(run_abba, args.ranks, backend=backend, timeout_s=args.timeout,
                             schedule=schedule, units_per_ms=1.0 / unit_ms, wait=args.wait,
@@ -179,12 +180,11 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         kept = _keep_incomplete(staging, args.telemetry) if staging is not None else None
         if kept is not None:
-            print(f"gpupace demo: the telemetry this run wrote before it stopped is in {kept} "
-                  f"(an earlier run's files in {args.telemetry} are as they were)",
+            print(f"gpupace demo: the telemetry this run wrote before it stopped is in {kept}",
                   file=sys.stderr, flush=True)
         raise
     finally:
-        if staging is not None:
+        if staging is not None and kept != Path(staging):
             shutil.rmtree(staging, ignore_errors=True)
     result = comparison(args, backend, results[0], settle)
     print(format_table(result))
@@ -300,7 +300,9 @@ INCOMPLETE = "incomplete"  # --telemetry's folder for the files of a run that fa
 def _keep_incomplete(staging: str, telemetry: str) -> Path | None:
     """Moves the files a failed or interrupted run wrote (a phase or two, one cut short) to
     `telemetry`/incomplete, replacing an earlier failed run's, so that they can still be read
-    (`gpupace report DIR/incomplete`); None when it wrote none."""
+    (`gpupace report DIR/incomplete`); where that cannot be done (the folder is a file, or
+    cannot be removed), they stay in the staging folder. Returns where they are, None when it
+    wrote none."""
     if not any(Path(staging).glob("*.jsonl")):
         return None
     dest = Path(telemetry) / INCOMPLETE
@@ -308,7 +310,7 @@ def _keep_incomplete(staging: str, telemetry: str) -> Path | None:
         shutil.rmtree(dest, ignore_errors=True)
         os.replace(staging, dest)
     except OSError:
-        return None  # the run's own error matters: left to be removed with the staging folder
+        return Path(staging)
     return dest
 
 

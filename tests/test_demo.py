@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -255,6 +256,12 @@ def test_a_failed_demos_files_are_kept_apart_not_removed(tmp_path):
     empty = tel / ".gpupace-demo-y"
     empty.mkdir()
     assert _keep_incomplete(str(empty), str(tel)) is None and empty.exists()
+    # where incomplete/ cannot be replaced (a file of that name), the files stay where they are
+    shutil.rmtree(tel / "incomplete")
+    (tel / "incomplete").write_text("not a folder\n")
+    (empty / "paced-1.jsonl").write_text("this run's\n")
+    assert _keep_incomplete(str(empty), str(tel)) == empty
+    assert (empty / "paced-1.jsonl").read_text() == "this run's\n"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without GPUs")
