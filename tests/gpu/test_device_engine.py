@@ -420,7 +420,10 @@ def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
     """The path a DDP step's buckets take, captured: an async collective on the engine's
     pacing stream (forked from the capturing stream), its work awaited there, the exit stamp,
     and the join back in step(). Last in this file: the other captures are of synchronous
-    sites, and a capture that fails here must not cost the tests before it."""
+    sites, and a capture that fails here must not cost the tests before it. At one rank the
+    all_reduce is the identity, so this checks that the capture is valid and that each replay
+    runs the step, not the order of the collective against the copy after it (a premul-sum
+    op, which is not one, is made and freed by NCCL at each call: not for a graph)."""
     import torch.distributed as dist
 
     pacer = Pacer(paced_config(), nccl_group, backend="device")
