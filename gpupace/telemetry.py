@@ -678,8 +678,8 @@ def _header(f: TextIO, path: Path) -> dict[str, Any]:
             raise NotTelemetry(f"{path} is {kind}-compressed: decompress it first, gpupace "
                                "reads plain JSON lines") from None
         if first.startswith('{"gpupace": "telemetry"') and not first.endswith("\n"):
-            raise NotTelemetry(f"{path} ends inside its header, cut short: its writer stopped "
-                             "as it opened the file (no step was written)") from None
+            raise NotTelemetry(f"{path} ends inside its header, cut short: its writer "
+                               "stopped as it opened the file (no step was written)") from None
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header ({e})") from None
     if not isinstance(header, dict) or header.get("gpupace") != "telemetry":
         raise NotTelemetry(f"{path}: line 1 is not a gpupace telemetry header")

@@ -214,8 +214,9 @@ def whole_percents(shares: list[float]) -> list[int]:
     rounded each alone, 36% + 16% + 49% read 101%)."""
     exact = [100.0 * max(x, 0.0) for x in shares]
     out = [math.floor(x) for x in exact]
-    for k in sorted(range(len(exact)), key=lambda k: out[k] - exact[k])[:round(sum(exact)) - sum(out)]:
-        out[k] += 1
+    short = round(sum(exact)) - sum(out)  # whole percents the floors left out
+    for k in sorted(range(len(exact)), key=lambda k: out[k] - exact[k])[:short]:
+        out[k] += 1  # to the largest remainders
     return out
 
 
