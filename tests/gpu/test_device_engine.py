@@ -74,27 +74,38 @@ def test_zero_host_syncs_per_step(nccl_group, figures):
     assert any(p["compute_us"] == p["compute_us"] for p in phases)  # a timed step had a start
 
 
-def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
-    pacer = Pacer(paced_config(), nccl_group, backend="device")
-    x = torch.zeros(4096, device="cuda")
+def _warm_and_capture(pacer, step, zero=()):
+    """Two eager `step()`s and the pacer's warm-up on a side stream, the tensors of `zero`
+    zeroed, then one step captured on that stream. Returns the graph and the device's step
+    counter before it."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):  # eager steps: NCCL initialised, kernels compiled
-            x.add_(1.0)
-            pacer.all_reduce(x)
-            pacer.step()
+            step()
         pacer.warmup()  # on the stream the capture will use
     torch.cuda.current_stream().wait_stream(s)
-    eng = pacer._engine
-    before = int(eng.state["counter"][0, 0].item())
-    x.zero_()
+    before = int(pacer._engine.state["counter"][0, 0].item())
+    for t in zero:
+        t.zero_()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
+        step()
+    return g, before
+
+
+def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
+    pacer = Pacer(paced_config(), nccl_group, backend="device")
+    x = torch.zeros(4096, device="cuda")
+
+    def step():
         x.add_(1.0)
         pacer.all_reduce(x)
         pacer.step()
+
+    g, before = _warm_and_capture(pacer, step, zero=(x,))
+    eng = pacer._engine
     for _ in range(50):
         g.replay()
     torch.cuda.synchronize()
@@ -438,20 +449,8 @@ def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
         y.copy_(x)
         pacer.step()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):  # eager steps: NCCL initialised, kernels compiled
-            step()
-        pacer.warmup()
-    torch.cuda.current_stream().wait_stream(s)
+    g, before = _warm_and_capture(pacer, step, zero=(x,))
     eng = pacer._engine
-    before = int(eng.state["counter"][0, 0].item())
-    x.zero_()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        step()
     for _ in range(20):
         g.replay()
     torch.cuda.synchronize()
