@@ -21,6 +21,7 @@ import math
 import multiprocessing.util
 import numbers
 import os
+import sys
 import time
 import weakref
 import zlib
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.join import Joinable, JoinHook
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from . import checkpoint
 from .agree import check_ranks_agree, new_run_id, site_names_differ
@@ -436,7 +437,7 @@ class Pacer(Joinable):
         if self._sites_this_step:
             raise RuntimeError(f"pacer.pause() inside a step ({self._sites_this_step} paced "
                                "collectives since the last step()): call it between steps")
-        for model, seen in self._models.items():  # a Join that ended before the pause
+        for model, seen in (self._models or {}).items():  # a Join that ended before it
             seen.join_config = model._join_config  # (around an eval loop) is no training's
         if self._engine is not None and self.enabled:
             self._engine.forget_exits()
@@ -453,9 +454,23 @@ class Pacer(Joinable):
             raise ValueError("Join(..., divide_by_initial_world_size=False) is not supported "
                              "with gpupace: its DDP hook averages over the whole world size, "
                              "as DDP does by default; leave the option at True")
+        late = self._models_after_me(_joinables_of_the_join())
+        if late:
+            raise ValueError(f"pass the pacer to Join after every DDP model it paces, "
+                             f"Join([ddp_model, pacer]) ({late} of them after it here): a rank "
+                             f"out of inputs would run the pacer's step before those models' "
+                             f"all-reduces, where the others run it after them, and the "
+                             f"collectives stop matching")
         hook = _PacerJoinHook(self)
         self._join_hook = weakref.ref(hook)  # open while torch holds it: state_dict() refused
         return hook
+
+    def _models_after_me(self, joinables: list | None) -> int:
+        """How many of the DDP models this pacer paces come after it in a Join's joinables."""
+        if not joinables or self not in joinables or not self._models:
+            return 0
+        after = joinables[joinables.index(self) + 1:]
+        return sum(getattr(j, "_orig_mod", j) in self._models for j in after)
 
     @property
     def join_device(self) -> torch.device:
@@ -587,9 +602,19 @@ class Pacer(Joinable):
 
     def _in_own_join(self) -> bool:
         """Inside Join([ddp_model, pacer]): its hook alive (torch frees it when the block ends,
-        on an error too, where the post hook does not run) and not ended."""
+        on an error too, where the post hook does not run) and not ended; not in the handler of
+        an error its exit raised (`throw_on_early_termination`: the traceback holds the Join)."""
         hook = self._join_hook() if self._join_hook is not None else None
-        return hook is not None and not hook.ended and self._join_config.enable
+        if hook is None or hook.ended or not self._join_config.enable:
+            return False
+        tb = sys.exc_info()[2]
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code is Join.__exit__.__code__ and hook in frame.f_locals["self"]._join_hooks:
+                hook.ended = True
+                return False
+            tb = tb.tb_next
+        return True
 
     def _check_join(self) -> None:
         """Refuses the first step after a Join took a model this pacer paces and not the
@@ -906,6 +931,15 @@ class _PacerJoinHook(JoinHook):
 
     def post_hook(self, is_last_joiner: bool) -> None:
         self.ended = True  # every rank has joined: the Join ends (its object may live on)
+
+
+def _joinables_of_the_join() -> list | None:
+    """The joinables of the Join being made, from `Join.__init__`'s frame (it calls each one's
+    join_hook before anything else), or None where it is not on the stack."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not Join.__init__.__code__:
+        frame = frame.f_back
+    return None if frame is None else frame.f_locals.get("joinables")
 
 
 def _subgroup_ranks(group: Any) -> list[int] | None:

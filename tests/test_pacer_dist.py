@@ -547,6 +547,69 @@ def test_a_pacer_state_inside_its_join_is_refused_and_taken_after_it():
     assert time.monotonic() - t0 < 25
 
 
+def _two_models_in_join(rank, world, order):
+    """A GAN's two DDP models paced by one pacer, uneven batches in Join in `order` ("d1 d2 p",
+    or "d1 p d2"). Returns the pacer's steps, or the refusal."""
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    d1, d2 = DDP(torch.nn.Linear(8, 8)), DDP(torch.nn.Linear(8, 8))
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=1))
+    pacer.attach(d1)
+    pacer.attach(d2)
+    named = {"d1": d1, "d2": d2, "p": pacer}
+    try:
+        with Join([named[k] for k in order.split()]):
+            for _ in range(4 if rank == 0 else 2):
+                d1(torch.randn(4, 8)).sum().backward()
+                d2(torch.randn(4, 8)).sum().backward()
+                pacer.step()
+    except ValueError as e:
+        return str(e)
+    return pacer.steps
+
+
+def test_a_pacer_between_its_models_in_join_is_refused_where_the_join_is_made():
+    """Join([d1, pacer, d2]): the rank out of inputs ran the pacer's step between the two
+    models' shadowed all-reduces, the others after both, and both waited until the timeout."""
+    assert run_ranks(_two_models_in_join, 2, "d1 d2 p", collective_timeout_s=30) == [4, 4]
+    t0 = time.monotonic()
+    for refused in run_ranks(_two_models_in_join, 2, "d1 p d2", collective_timeout_s=30):
+        assert refused.startswith("pass the pacer to Join after every DDP model it paces, "
+                                  "Join([ddp_model, pacer]) (1 of them after it here)"), refused
+    assert time.monotonic() - t0 < 25
+
+
+def _state_after_early_termination(rank, world):
+    """Join([ddp, pacer], throw_on_early_termination=True), uneven batches: every rank leaves
+    it with a RuntimeError (the one out of inputs from the Join's exit); the pacer's state is
+    taken in the handler."""
+    import copy
+
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(torch.nn.Linear(8, 8))
+    pacer = Pacer(PaceConfig(mode="observe", warmup_steps=1))
+    pacer.attach(ddp)
+    try:
+        with Join([ddp, pacer], throw_on_early_termination=True):
+            for _ in range(5 if rank == 0 else 3):
+                ddp(torch.randn(4, 8)).sum().backward()
+                pacer.step()
+    except RuntimeError:
+        steps = pacer.state_dict()["steps"]
+    copy.deepcopy(pacer).pause()  # a copy, which holds no models, pauses as the pacer does
+    return steps
+
+
+def test_a_pacer_state_in_the_handler_of_an_early_termination_is_taken_on_every_rank():
+    """The rank out of inputs raises from the Join's exit, whose frame its traceback holds: the
+    Join lived on there, and state_dict() was refused on that rank alone, the other left in
+    its gather."""
+    assert run_ranks(_state_after_early_termination, 2, collective_timeout_s=30) == [3, 3]
+
+
 def _join_before_attach(rank, world):
     """Uneven batches under Join([ddp]) (no pacer yet), then a pacer attached and plain steps:
     torch leaves the model's Join config enabled for good."""
