@@ -634,7 +634,7 @@ class Pacer(Joinable):
                                  "pacer: pass both, Join([ddp_model, pacer]), so that a rank "
                                  "that ran out of inputs also shadows pacer.step(). (A Join "
                                  "around an eval loop alone, ended: call pacer.pause() after "
-                                 "the loop, as for any pause)")
+                                 "the Join's block)")
 
     def _compare_site_names(self) -> None:
         """Every rank at the same step (a collective): warns when the ranks' paced sites
