@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .backends import blocking_wait_note
 from .config import env_errors, unknown_env
 
 
@@ -137,6 +138,8 @@ def warnings_for(env: Mapping[str, str]) -> list[str]:
                    "behind the collective's end, so the backward compute issued after it may "
                    "wait for the collective: the overlap of compute and communication is lost "
                    "(not yet measured on a GPU)")
+    if note := blocking_wait_note(env):  # said by the engine as well, on a multi-rank group
+        out.append(note.removeprefix("gpupace: "))
     return out
 
 

@@ -107,6 +107,11 @@ def test_doctor_warns_when_all_streams_share_one_queue(capsys, monkeypatch):
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
     assert main(["doctor", "--json", "--no-tick"]) == 0
     assert json.loads(capsys.readouterr().out)["warnings"] == []
+    # NCCL's blocking wait stalls the host at every paced DDP bucket: said by the engine alone
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", "1")
+    assert main(["doctor", "--no-tick"]) == 0
+    assert "warning: TORCH_NCCL_BLOCKING_WAIT=1 makes NCCL's work.wait() block the host" \
+        in capsys.readouterr().out
 
 
 def test_doctor_names_a_telemetry_path_a_pacer_could_not_write(capsys, monkeypatch, tmp_path):
