@@ -267,9 +267,8 @@ class Pacer(Joinable):
             if pg_backend not in ("nccl", "none"):
                 raise RuntimeError(f"backend='device' needs a CUDA (nccl) process group, got "
                                    f"{pg_backend!r}; use backend='host'")
-            if too_many_ranks(world_size):
-                raise RuntimeError(f"backend='device': {too_many_ranks(world_size)}; use "
-                                   f"backend='host'")
+            if too_many := too_many_ranks(world_size):
+                raise RuntimeError(f"backend='device': {too_many}; use backend='host'")
             return "device"
         why = why or too_many_ranks(world_size)
         return "device" if why is None and pg_backend == "nccl" else "host"

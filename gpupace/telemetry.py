@@ -223,6 +223,13 @@ def _uncaught() -> BaseException | None:
     return getattr(sys, "last_value", None)
 
 
+def unended(last_step: int) -> str:
+    """What a file whose header promised an end line and that has none says (the report and
+    the simulator's fit say it alike)."""
+    return (f"no end mark: its writer stopped after step {last_step} (the rank was killed or "
+            "crashed, its disk filled, or the run is still going)")
+
+
 def comm_backend(header: dict[str, Any]) -> str:
     """The collective backend a file's run used: "nccl", "gloo", "mpi", "sim", or "" when the
     header does not say. Read from the header's `process_group_backend` (the Pacer records it;

@@ -125,8 +125,8 @@ class DeviceEngine:
         elif not clock.interpreting():
             raise RuntimeError("the device backend runs on a CPU device only under "
                                "TRITON_INTERPRET=1 (for tests); use backend='host'")
-        if too_many_ranks(world_size):
-            raise ValueError(f"gpupace: {too_many_ranks(world_size)}")
+        if too_many := too_many_ranks(world_size):
+            raise ValueError(f"gpupace: {too_many}")
         self.config, self.group, self.rank, self.world_size = config, group, rank, world_size
         self.device = dev
         self._cuda = dev.type == "cuda"

@@ -30,6 +30,7 @@ from ..telemetry import (
     first_measured_step,
     iter_records,
     read_header,
+    unended,
 )
 
 # Files at least this large get a heartbeat on stderr while they are read.
@@ -246,8 +247,7 @@ def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run
     last = int(recorded[-1])
     if end is None:
         run.unfinished = f"{name} has no end mark after step {last}"
-        return [f"{name}: no end mark: its writer stopped after step {last} (the rank was "
-                "killed or crashed, its disk filled, or the run is still going)"]
+        return [f"{name}: {unended(last)}"]
     notes = []
     how, steps = str(end.get("how", "")), end.get("steps")
     if how.startswith("error"):

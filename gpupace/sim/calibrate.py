@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, comm_backend, first_measured_step, read_telemetry
+from ..telemetry import StepRecord, comm_backend, first_measured_step, read_telemetry, unended
 from .scenario import MAX_SPIKE_CLIP, Scenario
 
 SPIKE_SIGMAS = 6.0  # lateness beyond this many robust sigmas counts as a stall
@@ -225,8 +225,7 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped")
     if tel.header.get("end_mark") and tel.end is None:  # as the report says it
-        notes.append(f"no end mark: its writer stopped after step {tel.records[-1].step} (the "
-                     "rank was killed or crashed, its disk filled, or the run is still going)")
+        notes.append(unended(tel.records[-1].step))
     elif tel.end is not None and str(tel.end.get("how", "")).startswith("error"):
         notes.append(f"the run ended on an error ({str(tel.end['how']).removeprefix('error: ')})")
     if tel.header.get("source") == "pacer":
