@@ -45,7 +45,7 @@ from .backends import (
     group_backend,
     too_many_ranks,
 )
-from .backends.host import HostEngine
+from .backends.host import HostEngine, capture_refused
 from .config import PaceConfig, fill_rank, per_rank_path
 from .summary import Summary, summarize
 from .telemetry import (
@@ -276,10 +276,15 @@ class Pacer(Joinable):
     def warmup(self) -> None:
         """Compiles every device kernel, makes every buffer and initialises the exchange, so
         that a paced training step can then be captured in a CUDA graph. Call it after one
-        eager step, before `torch.cuda.graph(...)`. Synchronises. A no-op on the host backend."""
+        eager step, before `torch.cuda.graph(...)`. Synchronises. A no-op on the host backend
+        without CUDA; with CUDA, raises: no graph can capture the host backend."""
+        if not self.enabled:
+            return
         warm = getattr(self._engine, "warmup", None)
-        if self.enabled and warm is not None:
+        if warm is not None:
             warm()
+        elif torch.cuda.is_available():
+            raise RuntimeError(f"pacer.warmup() readies a capture, and {capture_refused()}")
 
     def check_group(self) -> None:
         """Raises if this pacer was built before `torch.distributed.init_process_group` and a
@@ -379,6 +384,8 @@ class Pacer(Joinable):
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
                                "collectives are done")
+        if self.enabled:
+            self._engine.check_step(self._sites_this_step)
         self.steps += 1
         if not self.enabled:
             return None

@@ -155,8 +155,9 @@ def test_nccl_blocking_wait_is_named_as_a_host_stall(env, named):
     assert note is None if named is None else (named in note and "block the host" in note)
 
 
-def test_host_pacer_warmup_is_a_no_op():
-    """Between steps, as a CUDA-graph user calls it: nothing of the pacer's changes."""
+def test_host_pacer_warmup_is_a_no_op_without_cuda():
+    """Between steps, as a CUDA-graph user calls it: nothing of the pacer's changes (no graph
+    capture can follow here)."""
     pacer = Pacer(PaceConfig(mode="pace", warmup_steps=0), backend="host")
     for _ in range(3):
         with pacer.site("x"):
@@ -170,6 +171,29 @@ def test_host_pacer_warmup_is_a_no_op():
     for name in ("floor", "calm", "mean", "var", "delay", "active", "above", "below"):
         np.testing.assert_array_equal(getattr(engine.state, name), getattr(state, name))
     assert engine.state.step == state.step
+
+
+def test_host_pacer_refuses_warmup_and_capture_where_cuda_is(monkeypatch):
+    """With CUDA present, warmup() readies a capture the host backend cannot be in: it raises,
+    naming backend='device'; so does a capture that reaches a host site or step() (here a
+    capture is what torch's query answers: there is no GPU to capture on)."""
+    capture = {"on": False}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capture["on"])
+    pacer = Pacer(PaceConfig(mode="pace", warmup_steps=0), backend="host")
+    with pacer.site("x"):
+        pass
+    pacer.step()
+    with pytest.raises(RuntimeError, match="warmup.*host backend.*backend='device'"):
+        pacer.warmup()
+    capture["on"] = True
+    with pytest.raises(RuntimeError, match="cannot capture it"):
+        with pacer.site("x"):
+            pass
+    with pytest.raises(RuntimeError, match="cannot capture it"):
+        pacer.step()
+    assert pacer.steps == 1 and pacer._open_blocks == 0
+    Pacer(PaceConfig(mode="off"), backend="host").warmup()  # nothing paced: nothing refused
 
 
 def test_engine_on_cpu_needs_the_interpreter(monkeypatch):
@@ -371,6 +395,51 @@ def test_a_capture_before_warmup_is_refused_at_its_first_site_or_at_step(interp,
         eng.end_step(1, 0.0)
     # where it was refused: at the first site, before it counted, or at step() after all 8
     assert eng.n_sites == (0 if from_site == 0 else 8)
+
+
+def test_an_eager_step_without_sites_after_a_capture_is_refused_and_changes_nothing(interp):
+    """A step() after graph replays passes no paced collective: once a step was captured it is
+    refused before anything changes (it would zero the delays the replays read). An eager step
+    with its sites still runs, and before any capture an empty step is only left out. The
+    capture is a flag the engine reads where it would ask CUDA."""
+    from gpupace.backends.device import DeviceEngine
+
+    eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
+
+    def step(k: int, sites: int) -> None:
+        for _ in range(sites):
+            eng.clk[1] += 5000
+            eng.exit(eng.arrive())
+        eng.check_step(sites)
+        eng.end_step(k, 0.0)
+
+    step(0, 2)
+    step(1, 0)  # before a capture: allowed (the step is left out)
+    eng.warmup()
+    capture = {"on": True}
+    eng._capturing = lambda: capture["on"]
+    step(2, 2)  # "captured"
+    capture["on"] = False
+    state = {k: v.clone() for k, v in eng.state.items()}
+    with pytest.raises(RuntimeError, match=r"after g\.replay\(\)"):
+        eng.check_step(0)
+    for k, v in eng.state.items():
+        assert torch.equal(v, state[k]), k
+    step(3, 2)  # an eager step with its sites, after the capture
+
+
+def test_a_pacer_asks_its_engine_before_the_step_counts():
+    """step() asks its engine (`check_step`) before anything of the step changes: a refusal
+    leaves the pacer's step count and its telemetry end line as they were."""
+    pacer = Pacer(PaceConfig(mode="pace"), backend="host")
+
+    def refuse(sites: int) -> None:
+        raise RuntimeError(f"refused at {sites} sites")
+
+    pacer._engine.check_step = refuse
+    with pytest.raises(RuntimeError, match="refused at 0 sites"):
+        pacer.step()
+    assert pacer.steps == 0 and pacer._end["steps"] == 0
 
 
 def test_engine_warmup_leaves_the_state_alone(interp):

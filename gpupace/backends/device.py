@@ -304,6 +304,18 @@ class DeviceEngine:
         self.exit(ticket)
 
     # -- per step ---------------------------------------------------------------------------
+    def check_step(self, sites: int) -> None:
+        """Before the step ends, nothing changed yet: once a step was captured, an eager step
+        with no paced collective is refused. It is a `step()` called after graph replays (the
+        replays ran the captured one), and its empty row would zero every rank's next delays,
+        which the replays read from the same buffers."""
+        if self._captured and sites == 0 and not self._capturing():
+            raise RuntimeError(
+                "pacer.step() with no paced collective after a step was captured in a CUDA "
+                "graph: a replay runs the captured step's pacer.step() itself, so call none "
+                "after g.replay() (drain() collects the replays' records); an eager step after "
+                "a capture must pass its paced collectives, as the captured one did")
+
     def end_step(self, step: int, time_s: float) -> StepRecord | None:
         """Enqueues the exchange, the reduction and the update; returns the oldest telemetry
         record that has reached the host, if any (records arrive a few steps late)."""

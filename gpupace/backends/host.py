@@ -24,7 +24,14 @@ from .. import checkpoint, policy
 from ..config import PaceConfig
 from ..telemetry import StepRecord, make_record, prepare_record
 from ..warn import warn
-from . import NO_FORK, cuda_device, exchange_error, gather_rows, group_backend
+from . import (
+    NO_FORK,
+    cuda_device,
+    device_backend_missing,
+    exchange_error,
+    gather_rows,
+    group_backend,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +66,14 @@ def ranks_by_count(counts: np.ndarray, most: int = 4) -> str:
     return "; ".join(parts)
 
 
+def capture_refused() -> str:
+    """Why a host-backend pacer cannot run in a CUDA graph, and what to use instead."""
+    why = device_backend_missing()
+    return ("the host backend times and paces on the host, so a CUDA graph cannot capture it (a "
+            "replay would pace nothing, exchange nothing, record nothing): build the Pacer with "
+            "backend='device'" + (f", which cannot run here: {why}" if why else ""))
+
+
 class HostEngine:
     """Times sites on the host clock and runs the policy on the host.
 
@@ -86,6 +101,7 @@ class HostEngine:
         # copy each way; the host backend waits for the step's collectives anyway).
         nccl = world_size > 1 and dist.is_initialized() and group_backend(group) == "nccl"
         self._device = cuda_device(group) if nccl else None
+        self._cuda = torch.cuda.is_available()  # then a CUDA graph capture may reach a site
         self.params = policy.PolicyParams.from_config(config, world_size)
         self.state: policy.PolicyState | None = None
         self._next_delay = np.zeros(self.max_sites)
@@ -134,6 +150,8 @@ class HostEngine:
     def arrive(self) -> tuple[int, int]:
         """Stamps arrival, applies this site's delay, stamps entry. Returns the site's ticket
         (step generation, index) that `exit` takes."""
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(capture_refused())
         k = self.n_sites
         self.n_sites += 1
         if k < self.max_sites:
@@ -172,6 +190,11 @@ class HostEngine:
                 self._stamping.append((done, stamped))
 
     # -- per step ---------------------------------------------------------------------------
+    def check_step(self, sites: int) -> None:
+        """Before the step ends, nothing changed yet: a CUDA graph capture is refused."""
+        if self._cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(capture_refused())
+
     def end_step(self, step: int, time_s: float) -> StepRecord | None:
         """Exchanges the rows, updates the policy and returns the step's record."""
         self._await_stamps()

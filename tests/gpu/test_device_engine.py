@@ -113,6 +113,11 @@ def test_nccl_all_reduce_paced_inside_a_graph(nccl_group):
     assert int(eng.state["counter"][0, 0].item()) == before + 50  # the device step counter moved
     recs = eng.drain()
     assert len(recs) >= 40 and np.isfinite([r.step_time_us for r in recs[-10:]]).all()
+    steps, delays = pacer.steps, eng.state["delay"].clone()
+    with pytest.raises(RuntimeError, match=r"after g\.replay\(\)"):
+        pacer.step()  # after replays: refused, the delays the replays read left alone
+    torch.cuda.synchronize()
+    assert pacer.steps == steps and torch.equal(eng.state["delay"], delays)
 
 
 def test_a_sync_site_whose_exit_runs_before_an_earlier_async_sites_is_counted(nccl_group):
