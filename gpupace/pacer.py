@@ -43,6 +43,7 @@ from .backends import (
     device_backend_missing,
     exchange_error,
     group_backend,
+    off_current_device,
     too_many_ranks,
 )
 from .backends.host import HostEngine, capture_refused
@@ -141,6 +142,9 @@ class Pacer(Joinable):
             self.config = config if config is not None else PaceConfig()
             _check_extra(telemetry_extra)
             self.backend = self._pick_backend(backend, pg_backend, self.world_size)
+            if self.backend == "device" and (off := off_current_device(
+                    cuda_device(group), "the process group runs on")):
+                raise ValueError(off)  # the engine's check, before the settings' all_gather
             if tensorboard_dir is not None and self.enabled and self.rank == 0:
                 from .report.tensorboard import summary_writer
 

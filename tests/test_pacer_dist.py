@@ -892,6 +892,12 @@ def _failing_on_one_rank(rank, world, what, tb_dir):
         os.environ["GPUPACE_GAIN"] = "0,5"
     if what == "tensorboard" and rank == 0:
         sys.modules["torch.utils.tensorboard"] = None  # import fails: as if not installed
+    if what == "device":  # this CPU's stand-in for a GPU job: bound by device_id, no set_device
+        from gpupace import pacer
+
+        torch.cuda.current_device = lambda: 0
+        pacer.cuda_device = lambda group: torch.device("cuda", rank)
+        Pacer._pick_backend = staticmethod(lambda *args: "device")
     try:
         Pacer(tensorboard_dir=tb_dir if what == "tensorboard" else None)
     except (ValueError, ImportError) as e:
@@ -902,10 +908,13 @@ def _failing_on_one_rank(rank, world, what, tb_dir):
 @pytest.mark.parametrize("what, bad_rank, error", [
     ("env", 1, ("ValueError", "GPUPACE_GAIN must be a number")),
     ("tensorboard", 0, ("ImportError", "pip install tensorboard")),
+    ("device", 1, ("ValueError", "runs on cuda:1 but the current CUDA device is cuda:0; call "
+                                 "torch.cuda.set_device(1)")),
 ])
 def test_a_pacer_that_fails_on_one_rank_fails_on_every_rank(what, bad_rank, error, tmp_path):
     """The failing rank raised before the ranks compared settings, and the others waited for
-    it in that all_gather until the process group's timeout."""
+    it in that all_gather until the process group's timeout (or, with a device off the
+    current one, failed in NCCL before gpupace's check)."""
     results = run_ranks(_failing_on_one_rank, 2, what, str(tmp_path / "tb"), timeout_s=100,
                         collective_timeout_s=30)
     kind, message = results[bad_rank]

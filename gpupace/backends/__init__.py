@@ -43,6 +43,20 @@ def cuda_device(group):
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def off_current_device(device, where: str) -> str | None:
+    """Why the device backend cannot run on the CUDA `device` (`where`: what put it there),
+    or None: Triton and CuPy launch on the current device, the collectives on the group's;
+    apart, the stamps would time another GPU's stream, or the kernels read another GPU's
+    buffers (an illegal address)."""
+    import torch
+
+    current = torch.cuda.current_device()
+    if device.type != "cuda" or device.index == current:
+        return None
+    return (f"gpupace: {where} {device} but the current CUDA device is cuda:{current}; call "
+            f"torch.cuda.set_device({device.index}) before making the Pacer")
+
+
 def device_backend_missing() -> str | None:
     """Why the device backend cannot run here, or None when it can."""
     try:

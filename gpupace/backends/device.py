@@ -52,6 +52,7 @@ from . import (
     device_backend_missing,
     exchange_error,
     gather_rows,
+    off_current_device,
     too_many_ranks,
 )
 from .tail import TailGraphs, tail_graph_wanted
@@ -107,13 +108,8 @@ class DeviceEngine:
             where = "the process group runs on"
         else:
             dev = torch.device("cpu")
-        if dev.type == "cuda" and dev.index != torch.cuda.current_device():
-            # Triton and CuPy launch on the current device, the collectives on the group's: apart,
-            # the stamps would time another GPU's stream, or the kernels read another GPU's
-            # buffers (an illegal address).
-            raise ValueError(f"gpupace: {where} {dev} but the current CUDA device is "
-                             f"cuda:{torch.cuda.current_device()}; call "
-                             f"torch.cuda.set_device({dev.index}) before making the Pacer")
+        if dev.type == "cuda" and (off := off_current_device(dev, where)):
+            raise ValueError(off)
         from gpupace.kernels import clock, launch, reduce, spin, stamp, update  # triton from here
 
         self._k_spin, self._k_stamp, self._k_update, self._k_reduce = spin, stamp, update, reduce
