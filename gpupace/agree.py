@@ -18,22 +18,51 @@ import torch
 import torch.distributed as dist
 
 from .backends import cuda_device
-from .config import CONTROL_LAW, MODES, PaceConfig
+from .config import CONTROL_LAW, MODES, PaceConfig, per_rank_path
+from .warn import warn
 
 # The settings that must match: whether and how wide the exchange runs, and every input of
-# the control law. Telemetry and ring settings may differ between ranks.
+# the control law. Telemetry and ring settings may differ between ranks (a rank whose
+# telemetry file goes missing so is warned).
 SHARED = ("mode", "max_sites", *CONTROL_LAW)
 BACKEND_CODES = ("host", "device")
+TELEMETRY_CODES = ("none", "one file", "a file a rank")  # what the rank's telemetry_path asks
+
+
+def telemetry_code(config: PaceConfig) -> int:
+    """The `TELEMETRY_CODES` index of what this rank's telemetry settings ask for."""
+    path = config.telemetry_path if config.mode != "off" else ""
+    return 0 if not path else 2 if per_rank_path(path) else 1
 
 
 def settings_row(config: PaceConfig | None, backend: str | None, token: int = 0) -> np.ndarray:
-    """The shared settings and the backend as float64, in `SHARED` order, backend next, and
-    this rank's `token` last (not compared: the run's id is rank 0's); all NaN for a rank that
-    could not make its settings (`config` None)."""
+    """The shared settings and the backend as float64, in `SHARED` order, backend next, then
+    the telemetry asked for (`telemetry_code`) and this rank's `token` last (neither compared:
+    the run's id is rank 0's); all NaN for a rank that could not make its settings (`config`
+    None)."""
     if config is None or backend is None:
-        return np.full(len(SHARED) + 2, np.nan)
+        return np.full(len(SHARED) + 3, np.nan)
     values = [MODES.index(config.mode)] + [getattr(config, k) for k in SHARED[1:]]
-    return np.array(values + [BACKEND_CODES.index(backend), token], dtype=np.float64)
+    return np.array(values + [BACKEND_CODES.index(backend), telemetry_code(config), token],
+                    dtype=np.float64)
+
+
+def telemetry_gap(codes: np.ndarray, rank: int) -> str | None:
+    """A warning for `rank` when telemetry it asks for is not written because other ranks'
+    settings differ (`codes`: every rank's `telemetry_code`), else None. Rank 0 writes the
+    one file; with a file a rank, each rank writes its own."""
+    none = np.flatnonzero(codes == 0)
+    if codes[rank] == 0 or not none.size:
+        return None
+    if codes[0] == 0:
+        lost = ("rank 0, which writes the job's file, has none: no telemetry file is written"
+                if codes[rank] == 1 else "they write no file, rank 0 among them")
+    elif rank == 0 and codes[0] == 2:
+        lost = "they write no file of their own, and the report reads only the files written"
+    else:  # rank 0 writes the one file: nothing lost
+        return None
+    return (f"gpupace: telemetry_path is set on this rank (rank {rank}) and not on rank(s) "
+            f"{_first_ranks(none.tolist())} (GPUPACE_TELEMETRY set on some hosts only?): {lost}")
 
 
 def new_run_id() -> int:
@@ -52,7 +81,7 @@ def _first_ranks(ranks) -> str:
 
 
 def disagreements(rows: np.ndarray) -> list[str]:
-    """One line per setting on which the gathered rows [N, len(SHARED) + 2] differ from
+    """One line per setting on which the gathered rows [N, len(SHARED) + 3] differ from
     rank 0's: the value there and on which ranks it differs."""
     names = [*SHARED, "backend"]
     out = []
@@ -65,13 +94,14 @@ def disagreements(rows: np.ndarray) -> list[str]:
 
 
 def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any,
-                      pg_backend: str, world_size: int) -> int:
+                      pg_backend: str, world_size: int, rank: int = 0) -> int:
     """Raises ValueError on every rank, naming the settings and ranks, when the ranks of
     `group` were built with different shared settings or backends; returns the run's id,
     rank 0's `new_run_id` (the report tells one run's rank files from another's by it). A
     collective: every rank builds its `Pacer`. A rank whose own settings failed (a bad
     GPUPACE_* value on its host) passes `config` None and raises its own error after this;
-    the others raise here, naming it, instead of waiting for it in their first step."""
+    the others raise here, naming it, instead of waiting for it in their first step. Warns
+    (`telemetry_gap`) where this rank's telemetry is lost to the others' settings."""
     row = torch.from_numpy(settings_row(config, backend, new_run_id()))
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
         row = row.to(cuda_device(group))
@@ -89,6 +119,8 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
         raise ValueError("gpupace: the ranks were given different settings, and every rank must "
                          "pace with the same ones (a GPUPACE_* variable set on some hosts "
                          "only?):\n  " + "\n  ".join(lines))
+    if gap := telemetry_gap(gathered[:, -2], rank):
+        warn(gap)
     return int(gathered[0, -1])
 
 

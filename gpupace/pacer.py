@@ -155,7 +155,7 @@ class Pacer(Joinable):
             ok = failure is None
             run_id = check_ranks_agree(self.config if ok else None,
                                        self.backend if ok else None, group, pg_backend,
-                                       self.world_size)
+                                       self.world_size, self.rank)
         else:
             run_id = new_run_id()
         if failure is not None:

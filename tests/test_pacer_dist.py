@@ -829,6 +829,38 @@ def test_ranks_built_with_different_settings_all_fail_naming_them(changes, named
     assert all("GPUPACE_" in e for e in errors)
 
 
+def test_a_rank_whose_telemetry_others_settings_lose_is_told():
+    """0: no telemetry_path, 1: one file (rank 0 writes it), 2: a file a rank."""
+    from gpupace.agree import telemetry_gap
+
+    def gap(*codes: int, rank: int) -> str | None:
+        return telemetry_gap(np.array(codes, dtype=float), rank)
+
+    assert "no telemetry file is written" in gap(0, 1, 1, rank=1)
+    assert "not on rank(s) 0 " in gap(0, 1, 1, rank=2)
+    assert gap(0, 1, 1, rank=0) is None  # nothing asked for here
+    assert "rank 0 among them" in gap(0, 2, 2, rank=1)
+    assert "no file of their own" in gap(2, 0, 2, rank=0)
+    assert gap(2, 0, 2, rank=2) is None  # its own file is written
+    assert gap(1, 0, 0, rank=0) is None  # rank 0 writes the one file: nothing lost
+    assert gap(1, 1, 1, rank=1) is None and gap(2, 2, 2, rank=0) is None
+
+
+def _telemetry_on_some(rank, world, path):
+    # GPUPACE_TELEMETRY set on the hosts of ranks 1 and 2 only
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Pacer(PaceConfig(telemetry_path=path if rank else "")).close()
+    return [str(w.message) for w in caught if "telemetry_path is set" in str(w.message)]
+
+
+def test_telemetry_set_on_some_ranks_alone_is_warned_where_it_is_lost(tmp_path):
+    said = run_ranks(_telemetry_on_some, 3, str(tmp_path / "run.jsonl"), timeout_s=100)
+    assert said[0] == [] and all(len(s) == 1 for s in said[1:]), said
+    assert "not on rank(s) 0 (GPUPACE_TELEMETRY" in said[1][0]
+    assert "no telemetry file is written" in said[2][0] and not list(tmp_path.iterdir())
+
+
 def _waited_after_step(rank, world):
     # Rank 1 joins the all_reduce 0.3 s late: rank 0's step() comes before it completes
     pacer = Pacer(PaceConfig(mode="observe", warmup_steps=0))
