@@ -1,6 +1,6 @@
 """On a GPU: the device backend end to end. Zero host syncs per step, a single-rank NCCL
 all_reduce paced inside a CUDA graph, the exchange's all_gather eager and captured, capture once and replay 200 times with injected skew
-while the delays adapt. The capture without warm-up is in test_zz_capture_error.py, last,
+while the delays adapt, a DDP step paced by the hook captured and replayed. The capture without warm-up is in test_zz_capture_error.py, last,
 as a failed capture is not something to run other tests after. Skipped without CUDA."""
 
 from __future__ import annotations
@@ -463,3 +463,63 @@ def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
     assert int(eng.state["counter"][0, 0].item()) == before + 20
     recs = eng.drain()
     assert len(recs) >= 20 and all(np.isfinite(r.wait_us).all() for r in recs[-10:])
+
+
+def test_a_ddp_step_paced_by_the_hook_captures_and_replays_like_eager_training(nccl_group):
+    """The whole DDP step captured, as torch asks: DDP built on a side stream, 11 eager
+    iterations there first (DDP rebuilds its buckets in the second and samples its logging up
+    to the tenth), the pacing hook's async all_reduces forked onto the pacing stream, and
+    pacer.step() inside the graph. One rank: DDP's average is the identity, so each replay
+    must train as an eager step of a plain model does, on the same inputs. Last in the file:
+    the riskiest capture (not yet run on a GPU when written)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    make = lambda: torch.nn.Sequential(torch.nn.Linear(64, 640), torch.nn.ReLU(),  # noqa: E731
+                                       torch.nn.Linear(640, 600)).cuda()
+    plain, paced = make(), make()
+    paced.load_state_dict(plain.state_dict())
+    inputs = [torch.randn(32, 64, device="cuda") for _ in range(20)]
+    static_x = inputs[0].clone()
+    pacer = Pacer(paced_config(max_sites=16), nccl_group, backend="device")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ddp = DDP(paced, device_ids=[0], bucket_cap_mb=0.5, process_group=nccl_group)
+        pacer.attach(ddp)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+        def step():
+            ddp(static_x).square().mean().backward()
+            opt.step()
+            pacer.step()
+
+        for _ in range(11):
+            opt.zero_grad(set_to_none=True)
+            step()
+        pacer.warmup()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    eng = pacer._engine
+    before = int(eng.state["counter"][0, 0].item())
+    sites = len(pacer.site_names)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g, stream=s):
+        step()
+    for x in inputs[1:]:
+        static_x.copy_(x)
+        g.replay()
+    torch.cuda.synchronize()
+    ref_opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for x in [inputs[0]] * 11 + inputs[1:]:
+        ref_opt.zero_grad(set_to_none=True)
+        plain(x).square().mean().backward()
+        ref_opt.step()
+    torch.cuda.synchronize()
+    for a, b in zip(plain.parameters(), paced.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert sites > 1 and int(eng.state["counter"][0, 0].item()) == before + len(inputs) - 1
+    recs = eng.drain()
+    assert len(recs) >= len(inputs) - 1
+    assert all(np.isfinite(r.wait_us).all() for r in recs[-10:])
