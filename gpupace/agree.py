@@ -48,21 +48,24 @@ def settings_row(config: PaceConfig | None, backend: str | None, token: int = 0)
 
 
 def telemetry_gap(codes: np.ndarray, rank: int) -> str | None:
-    """A warning for `rank` when telemetry it asks for is not written because other ranks'
-    settings differ (`codes`: every rank's `telemetry_code`), else None. Rank 0 writes the
-    one file; with a file a rank, each rank writes its own."""
-    none = np.flatnonzero(codes == 0)
-    if codes[rank] == 0 or not none.size:
-        return None
-    if codes[0] == 0:
-        lost = ("rank 0, which writes the job's file, has none: no telemetry file is written"
-                if codes[rank] == 1 else "they write no file, rank 0 among them")
-    elif rank == 0 and codes[0] == 2:
-        lost = "they write no file of their own, and the report reads only the files written"
-    else:  # rank 0 writes the one file: nothing lost
-        return None
-    return (f"gpupace: telemetry_path is set on this rank (rank {rank}) and not on rank(s) "
-            f"{_first_ranks(none.tolist())} (GPUPACE_TELEMETRY set on some hosts only?): {lost}")
+    """A warning for `rank` when telemetry that ranks ask for is not written because the
+    ranks' settings differ (`codes`: every rank's `telemetry_code`), else None. One file is
+    rank 0's to write: a rank that names one, where rank 0 does not, is told its file is never
+    written. With a file a rank, a rank with no path writes none: the first rank that names
+    its own is told which ranks write none (one warning for the job)."""
+    mine = codes[rank]
+    if mine == 1 and rank != 0 and codes[0] != 1:
+        theirs = "is not set" if codes[0] == 0 else "names a file a rank"
+        return (f"gpupace: telemetry_path names one file on this rank (rank {rank}); rank 0 "
+                f"writes that file, and its telemetry_path {theirs} (GPUPACE_TELEMETRY set "
+                f"on some hosts only?): the file this rank names is never written")
+    none, own = np.flatnonzero(codes == 0), np.flatnonzero(codes == 2)
+    if mine == 2 and none.size and rank == own[0]:
+        return (f"gpupace: telemetry_path names a file a rank on rank(s) "
+                f"{_first_ranks(own.tolist())} and is not set on rank(s) "
+                f"{_first_ranks(none.tolist())} (GPUPACE_TELEMETRY set on some hosts only?): "
+                f"those write no file, and a report reads only the files written")
+    return None
 
 
 def new_run_id() -> int:

@@ -46,7 +46,7 @@ from .backends import (
     off_current_device,
     too_many_ranks,
 )
-from .backends.host import HostEngine, capture_refused
+from .backends.host import HostEngine
 from .config import PaceConfig, fill_rank, per_rank_path
 from .summary import Summary, summarize
 from .telemetry import (
@@ -280,15 +280,17 @@ class Pacer(Joinable):
     def warmup(self) -> None:
         """Compiles every device kernel, makes every buffer and initialises the exchange, so
         that a paced training step can then be captured in a CUDA graph. Call it after one
-        eager step, before `torch.cuda.graph(...)`. Synchronises. A no-op on the host backend
-        without CUDA; with CUDA, raises: no graph can capture the host backend."""
+        eager step, before `torch.cuda.graph(...)`. Synchronises. A no-op on the host backend,
+        which warns where CUDA is: no graph can capture it (a capture that reaches one of its
+        paced collectives raises)."""
         if not self.enabled:
             return
         warm = getattr(self._engine, "warmup", None)
         if warm is not None:
             warm()
         elif torch.cuda.is_available():
-            raise RuntimeError(f"pacer.warmup() readies a capture, and {capture_refused()}")
+            self._warn_once("host_warmup", "gpupace: pacer.warmup() does nothing on the host "
+                            f"backend: {self._engine.capture_refused()}")
 
     def check_group(self) -> None:
         """Raises if this pacer was built before `torch.distributed.init_process_group` and a
@@ -351,6 +353,7 @@ class Pacer(Joinable):
         return work
 
     def _arrive(self, name: str):
+        ticket = self._engine.arrive()  # a refused site (a capture) is not counted
         self._sites_this_step += 1
         if len(self._names_this_step) < self.config.max_sites:  # bounded if step() never comes
             self._names_this_step.append(name)
@@ -365,7 +368,7 @@ class Pacer(Joinable):
                             "paced), or pacer.step() is not called once per training step "
                             "(call it on every rank, after the step's collectives: without it "
                             "nothing is exchanged, paced or recorded).")
-        return self._engine.arrive()
+        return ticket
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -388,8 +391,8 @@ class Pacer(Joinable):
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
                                "collectives are done")
-        if self.enabled:
-            self._engine.check_step(self._sites_this_step)
+        if self.enabled and not self._sites_this_step and not self._in_own_join():
+            self._engine.check_empty_step()  # a Join's shadow step is empty on joined ranks
         self.steps += 1
         if not self.enabled:
             return None

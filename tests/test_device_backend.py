@@ -173,10 +173,11 @@ def test_host_pacer_warmup_is_a_no_op_without_cuda():
     assert engine.state.step == state.step
 
 
-def test_host_pacer_refuses_warmup_and_capture_where_cuda_is(monkeypatch):
-    """With CUDA present, warmup() readies a capture the host backend cannot be in: it raises,
-    naming backend='device'; so does a capture that reaches a host site or step() (here a
-    capture is what torch's query answers: there is no GPU to capture on)."""
+def test_host_pacer_where_cuda_is_warns_at_warmup_and_refuses_a_capture(monkeypatch):
+    """With CUDA present, warmup() (a no-op) warns that no graph can capture the host backend;
+    a capture that reaches a host site or an empty step() raises, naming backend='device',
+    and leaves no site counted: the pacer goes on eagerly (here a capture is what torch's query
+    answers: there is no GPU to capture on)."""
     capture = {"on": False}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capture["on"])
@@ -184,16 +185,35 @@ def test_host_pacer_refuses_warmup_and_capture_where_cuda_is(monkeypatch):
     with pacer.site("x"):
         pass
     pacer.step()
-    with pytest.raises(RuntimeError, match="warmup.*host backend.*backend='device'"):
+    with pytest.warns(RuntimeWarning, match="warmup.. does nothing on the host backend.*"
+                                            "backend='device'"):
         pacer.warmup()
     capture["on"] = True
     with pytest.raises(RuntimeError, match="cannot capture it"):
         with pacer.site("x"):
             pass
+    assert pacer._sites_this_step == 0 and pacer._open_blocks == 0
     with pytest.raises(RuntimeError, match="cannot capture it"):
         pacer.step()
-    assert pacer.steps == 1 and pacer._open_blocks == 0
-    Pacer(PaceConfig(mode="off"), backend="host").warmup()  # nothing paced: nothing refused
+    assert pacer.steps == 1
+    capture["on"] = False
+    pacer.pause()  # between steps still
+    with pacer.site("y"):
+        pass
+    pacer.step()
+    assert pacer.steps == 2 and pacer.site_names == ["y"]
+    Pacer(PaceConfig(mode="off"), backend="host").warmup()  # nothing paced: nothing said
+
+
+def test_a_refused_host_capture_names_what_keeps_the_device_backend_off(monkeypatch):
+    from gpupace.backends import DEVICE_MAX_RANKS, host
+
+    monkeypatch.setattr(host, "device_backend_missing", lambda: None)
+    assert host.capture_refused("nccl", 8).endswith("backend='device'")
+    assert "this one is 'gloo'" in host.capture_refused("gloo", 2)
+    assert f"at most {DEVICE_MAX_RANKS} ranks" in host.capture_refused("nccl", DEVICE_MAX_RANKS + 1)
+    monkeypatch.setattr(host, "device_backend_missing", lambda: "cupy is not installed")
+    assert host.capture_refused("gloo", 2).endswith("which cannot run here: cupy is not installed")
 
 
 def test_engine_on_cpu_needs_the_interpreter(monkeypatch):
@@ -397,11 +417,11 @@ def test_a_capture_before_warmup_is_refused_at_its_first_site_or_at_step(interp,
     assert eng.n_sites == (0 if from_site == 0 else 8)
 
 
-def test_an_eager_step_without_sites_after_a_capture_is_refused_and_changes_nothing(interp):
+def test_an_eager_step_without_sites_after_a_capture_is_refused(interp):
     """A step() after graph replays passes no paced collective: once a step was captured it is
-    refused before anything changes (it would zero the delays the replays read). An eager step
-    with its sites still runs, and before any capture an empty step is only left out. The
-    capture is a flag the engine reads where it would ask CUDA."""
+    refused (it would zero the delays the replays read). An eager step with its sites still
+    runs, and before any capture an empty step is only left out. The capture is a flag the
+    engine reads where it would ask CUDA."""
     from gpupace.backends.device import DeviceEngine
 
     eng = DeviceEngine(PaceConfig(mode="observe", max_sites=2), None, 0, 1, device="cpu")
@@ -410,7 +430,8 @@ def test_an_eager_step_without_sites_after_a_capture_is_refused_and_changes_noth
         for _ in range(sites):
             eng.clk[1] += 5000
             eng.exit(eng.arrive())
-        eng.check_step(sites)
+        if not sites:
+            eng.check_empty_step()  # as Pacer.step asks
         eng.end_step(k, 0.0)
 
     step(0, 2)
@@ -420,26 +441,30 @@ def test_an_eager_step_without_sites_after_a_capture_is_refused_and_changes_noth
     eng._capturing = lambda: capture["on"]
     step(2, 2)  # "captured"
     capture["on"] = False
-    state = {k: v.clone() for k, v in eng.state.items()}
     with pytest.raises(RuntimeError, match=r"after g\.replay\(\)"):
-        eng.check_step(0)
-    for k, v in eng.state.items():
-        assert torch.equal(v, state[k]), k
+        step(3, 0)
     step(3, 2)  # an eager step with its sites, after the capture
 
 
-def test_a_pacer_asks_its_engine_before_the_step_counts():
-    """step() asks its engine (`check_step`) before anything of the step changes: a refusal
-    leaves the pacer's step count and its telemetry end line as they were."""
+def test_a_pacer_asks_its_engine_about_an_empty_step_before_the_step_counts():
+    """step() asks its engine (`check_empty_step`) about a step with no paced collective,
+    before anything of the step changes: a refusal leaves the pacer's step count and its
+    telemetry end line as they were. A step with sites does not ask."""
     pacer = Pacer(PaceConfig(mode="pace"), backend="host")
+    asked = []
 
-    def refuse(sites: int) -> None:
-        raise RuntimeError(f"refused at {sites} sites")
+    def refuse() -> None:
+        asked.append(pacer._sites_this_step)
+        raise RuntimeError("refused")
 
-    pacer._engine.check_step = refuse
-    with pytest.raises(RuntimeError, match="refused at 0 sites"):
+    pacer._engine.check_empty_step = refuse
+    with pytest.raises(RuntimeError, match="refused"):
         pacer.step()
     assert pacer.steps == 0 and pacer._end["steps"] == 0
+    with pacer.site("x"):
+        pass
+    pacer.step()
+    assert asked == [0] and pacer.steps == 1
 
 
 def test_engine_warmup_leaves_the_state_alone(interp):

@@ -300,12 +300,12 @@ class DeviceEngine:
         self.exit(ticket)
 
     # -- per step ---------------------------------------------------------------------------
-    def check_step(self, sites: int) -> None:
-        """Before the step ends, nothing changed yet: once a step was captured, an eager step
-        with no paced collective is refused. It is a `step()` called after graph replays (the
+    def check_empty_step(self) -> None:
+        """Before a step with no paced collective ends, nothing changed yet: once a step was
+        captured, an eager one is refused. It is a `step()` called after graph replays (the
         replays ran the captured one), and its empty row would zero every rank's next delays,
         which the replays read from the same buffers."""
-        if self._captured and sites == 0 and not self._capturing():
+        if self._captured and not self._capturing():
             raise RuntimeError(
                 "pacer.step() with no paced collective after a step was captured in a CUDA "
                 "graph: a replay runs the captured step's pacer.step() itself, so call none "

@@ -31,6 +31,7 @@ from . import (
     exchange_error,
     gather_rows,
     group_backend,
+    too_many_ranks,
 )
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,12 @@ def ranks_by_count(counts: np.ndarray, most: int = 4) -> str:
     return "; ".join(parts)
 
 
-def capture_refused() -> str:
-    """Why a host-backend pacer cannot run in a CUDA graph, and what to use instead."""
-    why = device_backend_missing()
+def capture_refused(pg_backend: str, world_size: int) -> str:
+    """Why a host-backend pacer cannot run in a CUDA graph, and what to use instead, with why
+    that cannot run either on a group of `world_size` ranks on `pg_backend` ("none": none)."""
+    why = (device_backend_missing() or too_many_ranks(world_size) or (
+        None if pg_backend in ("nccl", "none") else
+        f"it needs a CUDA (nccl) process group, this one is {pg_backend!r}"))
     return ("the host backend times and paces on the host, so a CUDA graph cannot capture it (a "
             "replay would pace nothing, exchange nothing, record nothing): build the Pacer with "
             "backend='device'" + (f", which cannot run here: {why}" if why else ""))
@@ -99,7 +103,8 @@ class HostEngine:
         self.max_sites = config.max_sites
         # NCCL moves CUDA tensors only: on an NCCL group the rows travel through the GPU (a
         # copy each way; the host backend waits for the step's collectives anyway).
-        nccl = world_size > 1 and dist.is_initialized() and group_backend(group) == "nccl"
+        self._pg_backend = group_backend(group) if dist.is_initialized() else "none"
+        nccl = world_size > 1 and self._pg_backend == "nccl"
         self._device = cuda_device(group) if nccl else None
         self._cuda = torch.cuda.is_available()  # then a CUDA graph capture may reach a site
         self.params = policy.PolicyParams.from_config(config, world_size)
@@ -124,6 +129,9 @@ class HostEngine:
             if time.perf_counter() - t0 > 2.0:
                 log.info("gpupace: compiled the policy kernels in %.1f s (once per machine: "
                          "cached on disk)", time.perf_counter() - t0)
+
+    def capture_refused(self) -> str:
+        return capture_refused(self._pg_backend, self.world_size)
 
     def _set_width(self, width: int) -> None:
         """The sites each row carries from now on, and the gather buffers for it."""
@@ -151,7 +159,7 @@ class HostEngine:
         """Stamps arrival, applies this site's delay, stamps entry. Returns the site's ticket
         (step generation, index) that `exit` takes."""
         if self._cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(capture_refused())
+            raise RuntimeError(self.capture_refused())
         k = self.n_sites
         self.n_sites += 1
         if k < self.max_sites:
@@ -190,10 +198,11 @@ class HostEngine:
                 self._stamping.append((done, stamped))
 
     # -- per step ---------------------------------------------------------------------------
-    def check_step(self, sites: int) -> None:
-        """Before the step ends, nothing changed yet: a CUDA graph capture is refused."""
+    def check_empty_step(self) -> None:
+        """Before a step with no paced collective ends, nothing changed yet: a CUDA graph
+        capture is refused (one that reached a site was refused there)."""
         if self._cuda and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(capture_refused())
+            raise RuntimeError(self.capture_refused())
 
     def end_step(self, step: int, time_s: float) -> StepRecord | None:
         """Exchanges the rows, updates the policy and returns the step's record."""

@@ -435,8 +435,8 @@ def test_a_saved_state_loads_into_the_device_buffers_that_a_captured_step_reads(
 def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
     """The path a DDP step's buckets take, captured: an async collective on the engine's
     pacing stream (forked from the capturing stream), its work awaited there, the exit stamp,
-    and the join back in step(). Last in this file: the other captures are of synchronous
-    sites, and a capture that fails here must not cost the tests before it. At one rank the
+    and the join back in step(). After the captures of synchronous sites: a capture that fails
+    here must not cost the tests before it. At one rank the
     all_reduce is the identity, so this checks that the capture is valid and that each replay
     runs the step, not the order of the collective against the copy after it (a premul-sum
     op, which is not one, is made and freed by NCCL at each call: not for a graph)."""
@@ -466,12 +466,14 @@ def test_an_async_paced_collective_forks_and_joins_inside_a_graph(nccl_group):
 
 
 def test_a_ddp_step_paced_by_the_hook_captures_and_replays_like_eager_training(nccl_group):
-    """The whole DDP step captured, as torch asks: DDP built on a side stream, 11 eager
-    iterations there first (DDP rebuilds its buckets in the second and samples its logging up
-    to the tenth), the pacing hook's async all_reduces forked onto the pacing stream, and
-    pacer.step() inside the graph. One rank: DDP's average is the identity, so each replay
-    must train as an eager step of a plain model does, on the same inputs. Last in the file:
-    the riskiest capture (not yet run on a GPU when written)."""
+    """The whole DDP step captured as torch's CUDA-graph notes describe it: DDP built on a
+    side stream, 11 eager iterations there first (DDP rebuilds its buckets in the second and
+    samples its logging up to the tenth), the pacing hook's async all_reduces forked onto the
+    pacing stream from autograd's thread, their futures' callbacks, and pacer.step() inside
+    the graph. One rank: DDP's average is the identity, so each replay must train as an eager
+    step of a plain model does, on the same inputs, and every replay's record must hold each
+    bucket's site. Last in the file: the riskiest capture (not yet run on a GPU when
+    written)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
@@ -520,6 +522,7 @@ def test_a_ddp_step_paced_by_the_hook_captures_and_replays_like_eager_training(n
     for a, b in zip(plain.parameters(), paced.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert sites > 1 and int(eng.state["counter"][0, 0].item()) == before + len(inputs) - 1
-    recs = eng.drain()
-    assert len(recs) >= len(inputs) - 1
-    assert all(np.isfinite(r.wait_us).all() for r in recs[-10:])
+    recs = eng.drain()[-(len(inputs) - 1):]  # the replays'
+    assert len(recs) == len(inputs) - 1 and all(np.isfinite(r.wait_us).all() for r in recs)
+    assert all(len(r.site_spread_us) == sites for r in recs)  # every bucket paced in each
+    assert all(np.isfinite(r.site_spread_us).all() for r in recs)
