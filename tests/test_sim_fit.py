@@ -414,3 +414,24 @@ def test_a_file_cut_short_or_of_a_run_that_failed_is_said_so(tmp_path, how):
         assert said[how] in notes, notes
     else:
         assert not any("end mark" in n or "ended on an error" in n for n in notes), notes
+
+
+def test_a_file_without_a_batch_size_or_with_bad_records_says_so(tmp_path):
+    """Without samples_per_step the fit's samples/s rest on Scenario's default batch, said in a
+    note (a review's file read 658.5 samples/s with no word); a file whose records are all
+    unreadable names the first reason, as the report does, not only "got 0"."""
+    path = tmp_path / "job.jsonl"
+    write_pacer_file(path, steps=60)
+    lines = path.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    del header["samples_per_step"]
+    path.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    fit = fit_telemetry(path)
+    assert any(n.startswith("the file gives no batch size (samples_per_step): samples/s "
+                            "assume 8 samples a rank") for n in fit.notes), fit.notes
+    assert fit.samples_per_rank == 8.0
+    broken = [json.dumps({k: v for k, v in json.loads(line).items() if k != "residual_us"})
+              + "\n" for line in lines[1:]]
+    path.write_text(lines[0] + "".join(broken))
+    with pytest.raises(ValueError, match=r"got 0; \d+ lines skipped, first: line 2: .*residual_us"):
+        fit_telemetry(path)

@@ -187,8 +187,10 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
     recs = [r for r in tel.records if r.step >= warmup]
     recs = [r for r in recs if len(r.earliness_us) >= 2 and math.isfinite(r.spread_us)]
     if len(recs) < 10:
+        why = (f"; {len(tel.skipped)} lines skipped, first: {tel.skipped[0]}"
+               if tel.skipped else "")
         raise ValueError(f"{path}: need at least 10 steps with 2+ ranks after the warm-up "
-                         f"(steps before {warmup}) to fit, got {len(recs)}")
+                         f"(steps before {warmup}) to fit, got {len(recs)}{why}")
     n = len(recs[-1].earliness_us)
     recs = [r for r in recs if len(r.earliness_us) == n and len(r.wait_us) == n]
     step = np.array([r.step_time_us for r in recs], dtype=np.float64)
@@ -223,7 +225,10 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
                      "lateness reads 0, so the noise fits low and the two medians can differ by "
                      "an offset that is noise; fit from a run of 4 ranks or more where you can")
     if tel.skipped:
-        notes.append(f"{len(tel.skipped)} unreadable lines skipped")
+        notes.append(f"{len(tel.skipped)} unreadable lines skipped, first: {tel.skipped[0]}")
+    if samples_known(tel.header) is None:
+        notes.append(f"the file gives no batch size (samples_per_step): samples/s assume "
+                     f"{DEFAULT_SAMPLES_PER_RANK:g} samples a rank a step; the changes hold")
     if tel.header.get("end_mark") and tel.end is None:  # as the report says it
         notes.append(unended(tel.records[-1].step))
     elif tel.end is not None and str(tel.end.get("how", "")).startswith("error"):
@@ -376,17 +381,26 @@ def steady_site_count(records: list[StepRecord], header: dict[str, Any]) -> int:
     return max(len(header.get("sites") or []), 1)
 
 
-def samples_per_rank(header: dict[str, Any], world_size: int) -> float:
-    """The header's `samples_per_step` (a pacer's) per rank, or a simulated run's
-    `samples_per_rank`; Scenario's default without either."""
+def samples_known(header: dict[str, Any]) -> tuple[str, float] | None:
+    """The header's batch size: ("step", a pacer's `samples_per_step`, over all ranks) or
+    ("rank", a simulated run's `samples_per_rank`); None without either."""
     v = header.get("samples_per_step")
     if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-        return float(v) / world_size
+        return "step", float(v)
     sim = header.get("sim")
     v = (sim.get("scenario") or {}).get("samples_per_rank") if isinstance(sim, dict) else None
     if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-        return float(v)
-    return DEFAULT_SAMPLES_PER_RANK
+        return "rank", float(v)
+    return None
+
+
+def samples_per_rank(header: dict[str, Any], world_size: int) -> float:
+    """The header's batch size a rank (`samples_known`); Scenario's default without one."""
+    known = samples_known(header)
+    if known is None:
+        return DEFAULT_SAMPLES_PER_RANK
+    per, value = known
+    return value / world_size if per == "step" else value
 
 
 def _fit_jitter(resid: np.ndarray, compute: float,
