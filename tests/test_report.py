@@ -536,7 +536,18 @@ def test_paced_runs_compare_with_baselines_of_their_own_size(sim_dir):
         assert "different jobs (8 and 4 ranks)" in " ".join(comp["notes"]), comp["notes"]
     (same,) = compared([runs[by_label["none-2"]], runs[by_label["gpupace-2"]]])
     assert not any("different jobs" in n for n in same["notes"])
-    # `quiet`: nobody is delayed, and two simulated runs differ in nothing else (no noise)
+    # `quiet`: nobody is delayed, and two simulated runs differ by pacing's cost alone (no
+    # noise), the scenario's (it was said to be the baseline's run again)
+    from gpupace.sim.scenario import GRAPH_SITE_US, GRAPH_STEP_US
+
+    assert "pacing delayed nobody in the paced run: in the simulator that is the baseline's " \
+        f"run plus pacing's cost ({GRAPH_SITE_US:g} us a paced collective, {GRAPH_STEP_US:g} us " \
+        "a step), which is all its changes show" in same["notes"], same["notes"]
+    free = dataclasses.replace(runs[by_label["gpupace-2"]])
+    sim = free.header["sim"]
+    free.header = {**free.header, "sim": {**sim, "scenario": {
+        **sim["scenario"], "pacing_site_us": 0.0, "pacing_step_us": 0.0}}}
+    (same,) = compared([runs[by_label["none-2"]], free])
     assert "pacing delayed nobody in the paced run: in the simulator that is the baseline's " \
         "run again" in same["notes"], same["notes"]
     # Of one size and kind, the headers of other jobs (a real job's run against the demo's

@@ -564,3 +564,15 @@ def test_a_rank_late_from_early_on_is_a_spell_not_placement(tmp_path):
                        late_fraction=1.0, seed=4, process_group_backend="nccl")
     d = diagnose(load_runs([steady])[0])
     assert d.modes[0].mode == "locality" and d.modes[0].ranks == [3]
+
+
+def test_a_paced_run_that_measured_no_step_is_not_said_to_have_delayed_nobody():
+    """A demo killed in its paced phase's warm-up: 'pacing delayed nobody ... the changes are
+    this machine's noise' was said of a comparison with no change."""
+    from gpupace.report.compare import notes
+
+    base = {"measured_steps": 50, "throughput_unit": "samples/s"}
+    for steps, said in ((0, False), (50, True)):
+        other = {"measured_steps": steps, "delayed_fraction": 0,
+                 "throughput_unit": "samples/s"}
+        assert any("delayed nobody" in n for n in notes(base, other, paced=True)) == said

@@ -210,6 +210,17 @@ def baseline_gap(runs: Sequence[Run], sums: Sequence[dict[str, Any]],
     return ([runs[i].label for i in same], gap) if math.isfinite(gap) else None
 
 
+def _undelayed_simulation(run: Run) -> str:
+    """What a simulated paced run that delayed nobody differs from its baseline by: the
+    pacing cost its scenario charged, if any."""
+    scenario = run.header["sim"].get("scenario") or {}
+    site, step = (scenario.get(k) or 0.0 for k in ("pacing_site_us", "pacing_step_us"))
+    if not (isinstance(site, (int, float)) and isinstance(step, (int, float))) or site + step <= 0:
+        return "in the simulator that is the baseline's run again"
+    return (f"in the simulator that is the baseline's run plus pacing's cost ({site:g} us a "
+            f"paced collective, {step:g} us a step), which is all its changes show")
+
+
 def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
           runs: tuple[Run, Run] | None = None,
           gap: tuple[list[str], float] | None = None) -> list[str]:
@@ -242,10 +253,11 @@ def notes(base: dict[str, Any], other: dict[str, Any], paced: bool,
     if both_paced and restart is None:
         out.append(f"both runs paced: {runs[0].label} stands in for a baseline, which the "
                    "runs given have none of")
-    if paced and not both_paced and other.get("delayed_fraction") == 0:
+    if (paced and not both_paced and other.get("delayed_fraction") == 0
+            and (other.get("measured_steps") or 0) > 0):  # none measured: nothing to say
         simulated = runs is not None and all(r.header.get("sim") for r in runs)
         out.append("pacing delayed nobody in the paced run: " + (
-            "in the simulator that is the baseline's run again" if simulated else
+            _undelayed_simulation(runs[1]) if simulated else
             "both ran the same code, so the changes are this machine's noise"))
     if gap is not None:
         labels, pct = gap
