@@ -162,9 +162,10 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
     assert main(["simulate", "--preset", "jitter", "--nodes", "1,64", "--steps", "200",
                  "--json", str(js)]) == 0
     note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
-    assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(from step \d{3}\)\.",
-                                         note[0]), note
-    assert "Use --steps 5330 or more" in note[0]
+    assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(no delay before step "
+                                         r"\d{3}, the holdoff this run reached\)\.", note[0]), note
+    assert ("Use --steps 5330 or more: the holdoff reaches step 2565 at 64 node(s) where every "
+            "rank takes its turn last.") in note[0]
     # under every table
     assert json.loads(js.read_text())["notes"] == [*note, pacing_cost_note("graph"),
                                                    no_coupling_note("jitter")]

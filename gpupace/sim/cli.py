@@ -407,13 +407,14 @@ def policy_too_late(cfg: PaceConfig, nodes: list[int], gpus_per_node: int, steps
         return None
     # The holdoff grows as more ranks take their turn last: the longest it can be, to be sure.
     need = policy_start_step(cfg, max(late) * gpus_per_node)
-    shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}% (from step {start[n]})"
-                       for n in late)
+    shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}% (no delay before step "
+                       f"{start[n]}, the holdoff this run reached)" for n in late)
     return (f"note: the gpupace policy could delay ranks in only part of the measured steps "
             f"({steps // 2} on): {shares}. A rank is delayed only once it has been on time for "
             f"the holdoff, 5 steps for each rank that has been last at the site (up to 5 per "
             f"rank), so gpupace's rows there show little of it. Use --steps {2 * need + 200} "
-            f"or more.")
+            f"or more: the holdoff reaches step {need} at {max(late)} node(s) where every rank "
+            f"takes its turn last.")
 
 
 def no_coupling_note(name: str) -> str:
