@@ -1056,3 +1056,22 @@ def test_a_change_from_a_figure_at_zero_or_rounding_off_it_is_none_and_cvs_print
     assert change("step_time_cv", 0.2, 0.3) == pytest.approx(50.0)
     assert change("throughput", 2000.0, 2100.0) == pytest.approx(5.0)
     assert f"{_clean(0.67752):.3f}" == f"{0.67752:.3f}" == "0.678"
+
+
+@pytest.mark.parametrize("batch", ["lots", float("inf"), -1])
+def test_a_header_with_no_world_size_or_batch_size_is_noted(sim_dir, tmp_path, batch):
+    """A world_size of 0, a samples_per_step of words: read without a word. (A world_size
+    that is not a whole number >= 0 is refused with the header.)"""
+    src, _ = _telemetry(sim_dir, "quiet", 2, 4, 1, steps=100)
+    lines = src.read_text().splitlines()
+    size = 0
+    header = dict(json.loads(lines[0]), world_size=size, samples_per_step=batch)
+    del header["sim"]["scenario"]["samples_per_rank"]  # as a pacer's file: no other batch
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([json.dumps(header), *lines[1:]]))
+    (run,) = load_runs([bad])
+    assert run.world_size == 8 and run.samples_per_step is None
+    assert any(f"world_size {size!r} is no number of ranks: the records' 8 are counted" in n
+               for n in run.notes), run.notes
+    assert any(f"samples_per_step {batch!r} is no batch size: throughput is counted in steps/s"
+               in n for n in run.notes), run.notes

@@ -329,9 +329,9 @@ def test_the_headline_names_a_likely_cause_before_a_larger_possible_one():
     amp = ModeFinding("sync_amplification", 0.5, 0.32, {}, [], "possible")
     loc = ModeFinding("locality", 0.2, 0.72, {}, [3], "likely")
     line = headline(Diagnosis(summary, [amp, loc]))
-    assert "leading cause locality (20% of the lost time, likely, confidence 0.72)" in line, line
+    assert "leading cause locality (20% of the lost time, confidence 0.72)" in line, line
     line = headline(Diagnosis(summary, [amp]))
-    assert "possible cause sync_amplification (50% of the lost time, possible" in line, line
+    assert "possible cause sync_amplification (50% of the lost time, confidence" in line, line
 
 
 def test_the_report_says_what_the_late_rank_costs(tmp_path):

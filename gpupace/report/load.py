@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -123,10 +124,10 @@ class Run:
     def samples_per_step(self) -> float | None:
         """Samples per step when the header says, else None (throughput is then steps/s)."""
         v = self.header.get("samples_per_step")
-        if isinstance(v, (int, float)) and v > 0:
+        if _positive(v):
             return float(v)
         sc = (self.header.get("sim") or {}).get("scenario") or {}
-        if isinstance(sc.get("samples_per_rank"), (int, float)):
+        if _positive(sc.get("samples_per_rank")):
             return float(sc["samples_per_rank"]) * self.world_size
         return None
 
@@ -232,7 +233,26 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
         run.notes.append(f"{path.name}: the header's first_measured_step {given!r:.40} is no "
                          f"step number: the figures start at step {run.first_measured_step} "
                          "(the config's warm-up)")
+    size = header.get("world_size")
+    if size is not None and _ranks(size) is None:
+        run.notes.append(f"{path.name}: the header's world_size {size!r:.40} is no number of "
+                         f"ranks: the records' {world} are counted")
+    batch = header.get("samples_per_step")
+    if batch is not None and not _positive(batch) and run.samples_per_step is None:
+        run.notes.append(f"{path.name}: the header's samples_per_step {batch!r:.40} is no "
+                         "batch size: throughput is counted in steps/s")
     return run
+
+
+def _positive(v: Any) -> bool:
+    """Whether `v` is a finite number > 0 (not a bool)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0)
+
+
+def _ranks(v: Any) -> int | None:
+    """`v` as a number of ranks (a whole number >= 1), or None."""
+    return int(v) if _positive(v) and v == int(v) else None
 
 
 def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run: Run,
@@ -397,7 +417,7 @@ def _world_size(header: dict[str, Any], widths: Sequence[tuple[int, ...]], path:
     ValueError when the header names a size that no record has."""
     held = Counter(max(lengths) for lengths in widths if any(lengths))  # records per width
     common = held.most_common(1)[0][0] if held else 0
-    said = int(header.get("world_size") or 0)
+    said = _ranks(header.get("world_size")) or 0  # not a size: the records say (a note)
     if said and held and said not in held:
         raise ValueError(f"{path}: the header's world_size is {said}, but no record holds "
                          f"{said} ranks' values: they hold {common} (a header from another "

@@ -57,8 +57,8 @@ def headline(d: Diagnosis) -> str:
     lead = next((m for m in named if m.verdict == "likely"), named[0] if named else None)
     if lead is not None:
         cause = (f"{'leading' if lead.verdict == 'likely' else 'possible'} cause {lead.mode} "
-                 f"({100 * lead.share:.0f}% of the lost time, {lead.verdict}, "
-                 f"confidence {lead.confidence:.2f})")
+                 f"({100 * lead.share:.0f}% of the lost time, confidence "
+                 f"{lead.confidence:.2f})")  # the verdict is in the first word
     elif s.get("note"):
         cause = s["note"]
     else:
