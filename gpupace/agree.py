@@ -57,14 +57,15 @@ def telemetry_gap(codes: np.ndarray, rank: int) -> str | None:
     if mine == 1 and rank != 0 and codes[0] != 1:
         theirs = "is not set" if codes[0] == 0 else "names a file a rank"
         return (f"gpupace: telemetry_path names one file on this rank (rank {rank}); rank 0 "
-                f"writes that file, and its telemetry_path {theirs} (GPUPACE_TELEMETRY set "
-                f"on some hosts only?): the file this rank names is never written")
+                f"writes that file, and its telemetry_path {theirs} "
+                f"(GPUPACE_TELEMETRY_PATH set on some hosts only?): the file this rank names "
+                f"is never written")
     none, own = np.flatnonzero(codes == 0), np.flatnonzero(codes == 2)
     if mine == 2 and none.size and rank == own[0]:
         return (f"gpupace: telemetry_path names a file a rank on rank(s) "
                 f"{_first_ranks(own.tolist())} and is not set on rank(s) "
-                f"{_first_ranks(none.tolist())} (GPUPACE_TELEMETRY set on some hosts only?): "
-                f"those write no file, and a report reads only the files written")
+                f"{_first_ranks(none.tolist())} (GPUPACE_TELEMETRY_PATH set on some hosts "
+                f"only?): those write no file, and a report reads only the files written")
     return None
 
 
@@ -109,7 +110,14 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
         row = row.to(cuda_device(group))
     rows = [torch.empty_like(row) for _ in range(world_size)]
-    dist.all_gather(rows, row, group=group)
+    try:
+        dist.all_gather(rows, row, group=group)
+    except RuntimeError as e:  # a timeout, most often: the others never came
+        raise RuntimeError(
+            "gpupace: building a Pacer is a collective (one all_gather of the settings) and "
+            "the ranks did not all take part: build it on every rank of its group, never "
+            f"inside `if rank == 0` ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+        ) from e
     gathered = torch.stack(rows).cpu().numpy()
     if config is None:
         return 0

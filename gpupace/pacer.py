@@ -362,12 +362,21 @@ class Pacer(Joinable):
             # Both causes, neither first: before a step() has shown the real count, a model of
             # many buckets (DDP's first step has one) reaches the threshold in one step.
             m = self.config.max_sites
-            self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced collectives "
-                            "since the last pacer.step(). Either one training step has that "
-                            f"many (raise max_sites: only the first {m} of a step are timed and "
-                            "paced), or pacer.step() is not called once per training step "
-                            "(call it on every rank, after the step's collectives: without it "
-                            "nothing is exchanged, paced or recorded).")
+            if self._closed:  # the user is done with the pacer; its model is not
+                self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced "
+                                "collectives since the last pacer.step(), after pacer.close(), "
+                                "which ends the telemetry, not the pacing: DDP keeps the comm "
+                                "hook attach() registered, so the model is paced still. Call "
+                                "pacer.step() each step, or wrap the model in DDP anew without "
+                                "attach().")
+            else:
+                self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced "
+                                "collectives since the last pacer.step(). Either one training "
+                                f"step has that many (raise max_sites: only the first {m} of a "
+                                "step are timed and paced), or pacer.step() is not called once "
+                                "per training step (call it on every rank, after the step's "
+                                "collectives: without it nothing is exchanged, paced or "
+                                "recorded).")
         return ticket
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -827,10 +836,11 @@ class _Paced:
     runs once a collective, and two nested generator context managers cost ~3 us of the
     ~10 us that a collective's Python took on the 2-core VM (bench/cpu_host_path.py)."""
 
-    __slots__ = ("_pacer", "_engine", "_name", "_async", "_issue", "_ticket")
+    __slots__ = ("_pacer", "_engine", "_name", "_async", "_issue", "_ticket", "_issued")
 
     def __init__(self, pacer: Pacer, name: str, async_op: bool):
         self._pacer, self._engine, self._name, self._async = pacer, pacer._engine, name, async_op
+        self._issued = False
 
     def __enter__(self) -> Callable:
         self._issue = self._engine.issue(sync=not self._async)
@@ -849,6 +859,7 @@ class _Paced:
         if work is not None and not hasattr(work, "get_future"):  # None: done already
             raise TypeError(f"issued() takes the work handle of the collective issued with "
                             f"async_op=True, got {type(work).__name__}")
+        self._issued = True
         self._engine.leave(self._ticket, work)
 
     def __exit__(self, *exc: Any) -> bool | None:
@@ -861,7 +872,13 @@ class _Paced:
         except BaseException as e:
             self._issue.__exit__(type(e), e, e.__traceback__)
             raise
-        return self._issue.__exit__(*exc)
+        done = self._issue.__exit__(*exc)
+        if self._async and not self._issued and exc[0] is None:
+            # its exit is never stamped: the site's wait unknown, unpaced, for the whole run
+            raise RuntimeError(f"pacer.collective({self._name!r}, async_op=True): the block "
+                               "ended without issued(work); call issued() with the collective's "
+                               "work handle right after issuing it (None if it returned none)")
+        return done
 
 
 class _Unpaced:

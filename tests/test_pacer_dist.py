@@ -808,6 +808,13 @@ def test_a_paced_block_that_raises_is_still_left_and_its_error_goes_through():
                                             r"completed \(or their block failed\)"):
         record = pacer.step()  # the third never exited
     assert record.wait_us[0] >= 0.0 and pacer.site_names == ["boom", "async", "no handle"]
+    # issued() forgotten: the site's wait was unknown for the whole run, and the one warning
+    # said to wait on the work, which the user had done
+    with pytest.raises(RuntimeError, match=r"collective\('forgot', async_op=True\): the block "
+                                           r"ended without issued\(work\)"):
+        with pacer.collective("forgot", async_op=True):
+            pass
+    assert pacer._open_blocks == 0
     off = Pacer(PaceConfig(mode="off"))
     with off.collective("x", async_op=True) as issued:
         issued(object())  # with pacing off, nothing is stamped or waited on
@@ -857,7 +864,7 @@ def test_a_rank_whose_telemetry_others_settings_lose_is_told():
 
 
 def _telemetry_on_some(rank, world, path):
-    # GPUPACE_TELEMETRY set on the hosts of ranks 1 and 2 only
+    # GPUPACE_TELEMETRY_PATH set on the hosts of ranks 1 and 2 only
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         Pacer(PaceConfig(telemetry_path=path if rank else "")).close()
@@ -869,6 +876,24 @@ def test_telemetry_set_on_some_ranks_alone_is_warned_where_it_is_lost(tmp_path):
     assert said[0] == [] and all(len(s) == 1 for s in said[1:]), said
     assert "rank 0 writes that file, and its telemetry_path is not set" in said[1][0]
     assert "(rank 2)" in said[2][0] and not list(tmp_path.iterdir())
+
+
+def _built_on_rank_0_only(rank, world):
+    if rank == 1:
+        return None  # its process ends: rank 0's all_gather fails (or times out)
+    try:
+        Pacer(PaceConfig(mode="observe"))
+    except RuntimeError as e:
+        return str(e)
+    return "built"
+
+
+def test_a_pacer_built_on_some_ranks_only_says_it_is_a_collective():
+    """Built under `if rank == 0` (telemetry on rank 0 only), it waited in the settings'
+    all_gather and raised gloo's bare error, naming nothing of gpupace."""
+    said, _ = run_ranks(_built_on_rank_0_only, 2, timeout_s=100, collective_timeout_s=10)
+    assert said.startswith("gpupace: building a Pacer is a collective"), said
+    assert "never inside `if rank == 0`" in said
 
 
 def _waited_after_step(rank, world):
@@ -1438,6 +1463,16 @@ def test_misuse_of_step_and_close_warns_once_each():
         with pacer.site("grads"):
             pass
         pacer.step()
+    # closed, then no step() at all (a DDP model keeps its hook): said so, not "step() not
+    # called once per training step" alone
+    done = Pacer(PaceConfig(warmup_steps=0, max_sites=2))
+    done.close()
+    with pytest.warns(RuntimeWarning, match=r"8 paced collectives since the last pacer.step\(\), "
+                                            r"after pacer.close\(\), which ends the telemetry, "
+                                            r"not the pacing"):
+        for _ in range(8):
+            with done.site("grads"):
+                pass
 
 
 def test_a_step_with_more_collectives_than_max_sites_is_told_once_not_as_a_missing_step():
