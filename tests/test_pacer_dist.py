@@ -1612,3 +1612,4 @@ def test_step_inside_a_paced_block_is_refused_and_issued_takes_a_work_handle():
             issued(5)
         with pytest.raises(TypeError, match="got Future"):  # the work's future, not the work
             issued(torch.futures.Future())
+        issued(None)  # then the block is left as it must be
