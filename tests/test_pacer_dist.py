@@ -399,10 +399,11 @@ def test_a_telemetry_path_that_is_a_folder_warns_on_a_subgroup_and_training_goes
 
 
 def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4,
-            pacer_in_join=True):
+            pacer_in_join=True, no_sync=True):
     """Rank 0 has 6 batches, rank 1 `rank1_batches`: the joined rank shadows the other's
     collectives. With `accumulate` > 1, that many micro-batches a step, all but the last under
-    no_sync. Without `attach`, the engine refuses every empty step it is asked about."""
+    no_sync (unless `no_sync` is False). Without `attach`, the engine refuses every empty step
+    it is asked about."""
     from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -427,7 +428,8 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, ran
             for _ in range(6 if rank == 0 else rank1_batches):
                 opt.zero_grad()
                 for micro in range(accumulate):
-                    sync = contextlib.nullcontext() if micro == accumulate - 1 else ddp.no_sync()
+                    last = micro == accumulate - 1 or not no_sync
+                    sync = contextlib.nullcontext() if last else ddp.no_sync()
                     with sync:
                         ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
                 opt.step()
@@ -732,6 +734,18 @@ def test_a_model_wrapped_anew_keeps_its_site_names():
     """Numbered by attach() calls, a model wrapped in DDP again was named model1.bucket{i}."""
     for names in run_ranks(_rewrapped, 2, timeout_s=200):
         assert names == [["bucket0"], ["bucket0"]]
+
+
+def test_accumulation_that_syncs_every_micro_batch_under_join_is_refused_at_once():
+    """Without no_sync, the joined rank steps after each syncing pass and the other once a
+    step: the ranks waited in mismatched all_gathers until the group's timeout. Refused at
+    the first step, on both ranks, naming no_sync; outside Join such a loop is only wasteful."""
+    for refused in run_ranks(_uneven, 2, "observe", False, 2, no_sync=False,
+                             collective_timeout_s=30):
+        assert isinstance(refused, str), refused
+        assert refused.startswith("under Join, the DDP model synced its gradients more than "
+                                  "once in this step (bucket"), refused
+        assert "ddp_model.no_sync()" in refused
 
 
 def test_a_pacer_not_attached_to_the_model_steps_under_join_too():
