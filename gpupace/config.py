@@ -12,10 +12,13 @@ import math
 import numbers
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .warn import _PACKAGE_DIR
 
 MODES = ("off", "observe", "pace")
 ENV_PREFIX = "GPUPACE_"
@@ -145,6 +148,8 @@ class PaceConfig:
         from_env = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if value is not None and not (f.name == "telemetry_path" and value == ""):
+                _warn_overridden(f.name, value)  # "": the documented way to turn a path off
             if value is None:
                 env = os.environ.get(ENV_PREFIX + f.name.upper())
                 if env is not None:
@@ -327,6 +332,45 @@ def _warn_unknown_env() -> None:
     if unknown := unknown_env(os.environ):
         warnings.warn(f"gpupace: ignoring unknown environment variables {unknown}; the known "
                       f"ones are {sorted(field_env())}", RuntimeWarning, stacklevel=4)
+
+
+_overridden_told: set[tuple[str, str]] = set()
+
+
+def _warn_overridden(name: str, value: Any) -> None:
+    """Once per field and variable: a GPUPACE_* variable set for a field that the code gives
+    another value, which wins (GPUPACE_MODE=off in a job script, over mode="pace" in its
+    code, was ignored without a word)."""
+    raw = os.environ.get(ENV_PREFIX + name.upper())
+    if raw is None or (name, raw) in _overridden_told:
+        return
+    level = _maker_level()
+    if level is None:
+        return
+    try:
+        same = _plain(name, _parse_env(name, raw)) == _plain(name, value)
+    except (ValueError, TypeError):  # unreadable, or the code's value is: said elsewhere
+        return
+    if not same:
+        _overridden_told.add((name, raw))
+        warnings.warn(f"gpupace: {ENV_PREFIX}{name.upper()}={raw!r} is ignored: the code gives "
+                      f"PaceConfig({name}={value!r}), which wins over the environment; leave "
+                      f"{name} out of PaceConfig(...) for the variable to set it",
+                      RuntimeWarning, stacklevel=level)
+
+
+def _maker_level() -> int | None:
+    """The warnings stacklevel, from `_warn_overridden`, of the line that made the PaceConfig
+    (past this module's frames, dataclasses' and the generated __init__); None where that
+    line is gpupace's own (the simulator's policy, the demo's pinned settings)."""
+    frame, level = sys._getframe(2), 2  # 1: _warn_overridden, which calls warnings.warn
+    while frame is not None and (
+            frame.f_code.co_filename in (__file__, dataclasses.__file__)
+            or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+        frame, level = frame.f_back, level + 1
+    if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        return None
+    return level
 
 
 def env_errors() -> list[str]:

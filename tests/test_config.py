@@ -96,6 +96,29 @@ def test_an_empty_telemetry_path_overrides_the_environment(monkeypatch):
     assert PaceConfig().replace(telemetry_path="").telemetry_path == ""
 
 
+def test_a_variable_that_the_code_overrides_is_said_to_be_ignored_once(monkeypatch):
+    """GPUPACE_MODE=off in a job script, over mode="pace" in its code (as the README's example
+    had it), was ignored without a word. Said once, at the user's line; not where the code
+    gives the variable's own value, nor for an empty telemetry_path (the way to turn the
+    variable's path off), nor for gpupace's own configs (the simulator's policy)."""
+    monkeypatch.setattr(config, "_overridden_told", set())
+    monkeypatch.setenv("GPUPACE_MODE", "off")
+    monkeypatch.setenv("GPUPACE_GAIN", "0.5")
+    monkeypatch.setenv("GPUPACE_TELEMETRY_PATH", "/tmp/x.jsonl")
+    with pytest.warns(RuntimeWarning, match=r"GPUPACE_MODE='off' is ignored: the code gives "
+                                            r"PaceConfig\(mode='pace'\)") as seen:
+        PaceConfig(mode="pace", gain=0.5, telemetry_path="")
+    assert len(seen) == 1 and seen[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PaceConfig(mode="pace")  # told once
+        PaceConfig().replace(gain=0.5)  # the variable's value
+        from gpupace.sim.presets import quiet
+        from gpupace.sim.simulate import simulate
+
+        simulate(quiet(1), "gpupace", steps=20)  # PaceConfig(mode="pace") inside gpupace
+
+
 def test_numpy_scalars_and_paths_are_taken_as_plain_values(tmp_path):
     cfg = PaceConfig(ring_size=np.int64(10), gain=np.float32(0.5), telemetry_path=tmp_path / "t")
     assert (cfg.ring_size, cfg.gain, cfg.telemetry_path) == (10, 0.5, str(tmp_path / "t"))
