@@ -18,7 +18,9 @@ def test_env_overrides_default_but_not_an_explicit_argument(monkeypatch):
     monkeypatch.setenv("GPUPACE_MAX_DELAY_US", "1234.5")
     monkeypatch.setenv("GPUPACE_MODE", "observe")
     monkeypatch.setenv("GPUPACE_ON_STEPS", "7")
-    cfg = PaceConfig(mode="pace")
+    monkeypatch.setattr(config, "_overridden_told", set())
+    with pytest.warns(RuntimeWarning, match="GPUPACE_MODE='observe' is ignored"):
+        cfg = PaceConfig(mode="pace")
     assert cfg.max_delay_us == 1234.5
     assert cfg.on_steps == 7
     assert cfg.mode == "pace"
@@ -79,7 +81,9 @@ def test_release_follows_a_threshold_given_alone(monkeypatch):
     monkeypatch.setenv("GPUPACE_THRESHOLD_US", "80")
     assert PaceConfig().release_us == 40.0
     monkeypatch.setenv("GPUPACE_RELEASE_US", "10")
-    assert PaceConfig(threshold_us=50.0).release_us == 10.0
+    monkeypatch.setattr(config, "_overridden_told", set())
+    with pytest.warns(RuntimeWarning, match="GPUPACE_THRESHOLD_US='80' is ignored"):
+        assert PaceConfig(threshold_us=50.0).release_us == 10.0
 
 
 def test_replace_moves_a_derived_release_with_the_threshold():
