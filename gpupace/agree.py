@@ -113,11 +113,12 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
     try:
         dist.all_gather(rows, row, group=group)
     except RuntimeError as e:  # a timeout, most often: the others never came
+        first = (str(e).splitlines() or [""])[0][:200]
         raise RuntimeError(
-            "gpupace: building a Pacer is a collective (one all_gather of the settings) and "
-            "the ranks did not all take part: build it on every rank of its group, never "
-            f"inside `if rank == 0` ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
-        ) from e
+            "gpupace: building a Pacer is a collective (one all_gather of the settings) and it "
+            "failed: most likely the ranks did not all take part (build it on every rank of "
+            "its group, never inside `if rank == 0`), or another rank died (look at its log) "
+            f"({type(e).__name__}: {first})") from e
     gathered = torch.stack(rows).cpu().numpy()
     if config is None:
         return 0

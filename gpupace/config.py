@@ -364,9 +364,8 @@ def _maker_level() -> int | None:
     (past this module's frames, dataclasses' and the generated __init__); None where that
     line is gpupace's own (the simulator's policy, the demo's pinned settings)."""
     frame, level = sys._getframe(2), 2  # 1: _warn_overridden, which calls warnings.warn
-    while frame is not None and (
-            frame.f_code.co_filename in (__file__, dataclasses.__file__)
-            or (frame.f_code.co_filename == "<string>" and frame.f_code.co_name == "__init__")):
+    while frame is not None and (frame.f_code.co_filename in (__file__, dataclasses.__file__)
+                                 or frame.f_code is PaceConfig.__init__.__code__):
         frame, level = frame.f_back, level + 1
     if frame is None or frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         return None

@@ -363,13 +363,14 @@ class Pacer(Joinable):
             # Both causes, neither first: before a step() has shown the real count, a model of
             # many buckets (DDP's first step has one) reaches the threshold in one step.
             m = self.config.max_sites
-            if self._closed:  # the user is done with the pacer; its model is not
+            if self._closed:  # the user is done with the pacer; its model may not be
+                why = ("DDP keeps the comm hook attach() registered, so the model is paced "
+                       "still: wrap it in DDP anew without attach() to stop, or call "
+                       "pacer.close() after the last step" if self._hooked else
+                       "call pacer.close() after the last paced collective and step()")
                 self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced "
                                 "collectives since the last pacer.step(), after pacer.close(), "
-                                "which ends the telemetry, not the pacing: DDP keeps the comm "
-                                "hook attach() registered, so the model is paced still. Call "
-                                "pacer.step() each step, or wrap the model in DDP anew without "
-                                "attach().")
+                                f"which ends the telemetry, not the pacing: {why}.")
             else:
                 self._warn_once("no_step", f"gpupace: {self._sites_this_step} paced "
                                 "collectives since the last pacer.step(). Either one training "

@@ -117,6 +117,7 @@ def test_a_variable_that_the_code_overrides_is_said_to_be_ignored_once(monkeypat
         warnings.simplefilter("error")
         PaceConfig(mode="pace")  # told once
         PaceConfig().replace(gain=0.5)  # the variable's value
+        monkeypatch.setattr(config, "_overridden_told", set())  # as if never told
         from gpupace.sim.presets import quiet
         from gpupace.sim.simulate import simulate
 

@@ -907,7 +907,7 @@ def test_a_pacer_built_on_some_ranks_only_says_it_is_a_collective():
     all_gather and raised gloo's bare error, naming nothing of gpupace."""
     said, _ = run_ranks(_built_on_rank_0_only, 2, timeout_s=100, collective_timeout_s=10)
     assert said.startswith("gpupace: building a Pacer is a collective"), said
-    assert "never inside `if rank == 0`" in said
+    assert "never inside `if rank == 0`" in said and "RuntimeError: " in said
 
 
 def _waited_after_step(rank, world):
@@ -1483,7 +1483,8 @@ def test_misuse_of_step_and_close_warns_once_each():
     done.close()
     with pytest.warns(RuntimeWarning, match=r"8 paced collectives since the last pacer.step\(\), "
                                             r"after pacer.close\(\), which ends the telemetry, "
-                                            r"not the pacing"):
+                                            r"not the pacing: call pacer.close\(\) after the "
+                                            r"last paced collective"):
         for _ in range(8):
             with done.site("grads"):
                 pass

@@ -163,7 +163,7 @@ def test_a_run_too_short_for_the_policy_at_some_sizes_says_so(tmp_path, capsys):
                  "--json", str(js)]) == 0
     note = [ln for ln in capsys.readouterr().out.splitlines() if "could delay ranks" in ln]
     assert len(note) == 1 and re.search(r"\(100 on\): 64 node\(s\) 0% \(no delay before step "
-                                         r"\d{3}, the holdoff this run reached\)\.", note[0]), note
+                                         r"\d{3}, where the holdoff this run reached ends\)\.", note[0]), note
     assert ("Use --steps 5330 or more: the holdoff reaches step 2565 at 64 node(s) where every "
             "rank takes its turn last.") in note[0]
     # under every table

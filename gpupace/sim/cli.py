@@ -408,7 +408,7 @@ def policy_too_late(cfg: PaceConfig, nodes: list[int], gpus_per_node: int, steps
     # The holdoff grows as more ranks take their turn last: the longest it can be, to be sure.
     need = policy_start_step(cfg, max(late) * gpus_per_node)
     shares = ", ".join(f"{n} node(s) {100 * acting[n]:.0f}% (no delay before step "
-                       f"{start[n]}, the holdoff this run reached)" for n in late)
+                       f"{start[n]}, where the holdoff this run reached ends)" for n in late)
     return (f"note: the gpupace policy could delay ranks in only part of the measured steps "
             f"({steps // 2} on): {shares}. A rank is delayed only once it has been on time for "
             f"the holdoff, 5 steps for each rank that has been last at the site (up to 5 per "
