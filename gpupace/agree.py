@@ -110,8 +110,9 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
     if pg_backend == "nccl":  # NCCL moves CUDA tensors only
         row = row.to(cuda_device(group))
     rows = [torch.empty_like(row) for _ in range(world_size)]
-    try:
+    try:  # NCCL's all_gather returns at once: its failure comes out of the copy to the host
         dist.all_gather(rows, row, group=group)
+        gathered = torch.stack(rows).cpu().numpy()
     except RuntimeError as e:  # a timeout, most often: the others never came
         first = (str(e).splitlines() or [""])[0][:200]
         raise RuntimeError(
@@ -119,7 +120,6 @@ def check_ranks_agree(config: PaceConfig | None, backend: str | None, group: Any
             "failed: most likely the ranks did not all take part (build it on every rank of "
             "its group, never inside `if rank == 0`), or another rank died (look at its log) "
             f"({type(e).__name__}: {first})") from e
-    gathered = torch.stack(rows).cpu().numpy()
     if config is None:
         return 0
     if failed := failed_ranks(gathered):
