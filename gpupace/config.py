@@ -344,14 +344,12 @@ def _warn_overridden(name: str, value: Any) -> None:
     raw = os.environ.get(ENV_PREFIX + name.upper())
     if raw is None or (name, raw) in _overridden_told:
         return
-    level = _maker_level()
-    if level is None:
-        return
     try:
         same = _plain(name, _parse_env(name, raw)) == _plain(name, value)
     except (ValueError, TypeError):  # unreadable, or the code's value is: said elsewhere
         return
-    if not same:
+    level = None if same else _maker_level()
+    if level is not None:
         _overridden_told.add((name, raw))
         warnings.warn(f"gpupace: {ENV_PREFIX}{name.upper()}={raw!r} is ignored: the code gives "
                       f"PaceConfig({name}={value!r}), which wins over the environment; leave "
