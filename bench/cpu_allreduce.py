@@ -1,9 +1,11 @@
 """Paced against plain gloo all_reduce on 2 local ranks, 4 KB to 64 MB: what a paced
 collective costs on the host backend, and what the per-step exchange (`Pacer.step()`) adds.
 
-Five variants run interleaved in one loop (order rotated every repeat, a barrier before each
+Six variants run interleaved in one loop (order rotated every repeat, a barrier before each
 timed call, so noise hits all of them alike and repeat i of each is a fair pair):
   plain   `dist.all_reduce`
+  plain2  `dist.all_reduce` again: the control, whose ratio to plain is the pairing's noise
+          alone (what a paced/plain ratio must be read against)
   paced   `pacer.all_reduce` (the site: stamps, delay, bookkeeping), its pacer's `step()`
           untimed before each call (then the barrier). Both ranks start each call aligned, so
           the policy delays nobody: this is the mechanism's cost at zero delay
@@ -29,7 +31,9 @@ from .harness import Harness, interleave, median_ci
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20]
 WINDOW = 8  # sites per step of the amortised variant
+CONTROL = "plain2/plain (control)"
 LABELS = {
+    CONTROL: "plain call again (control: the pairing's noise)",
     "paced/plain": "paced call (the site)",
     "(paced+step)/plain": "paced call + step() every call (1 site per step)",
     f"paced8/plain (windows of {WINDOW})": f"paced call, step() every {WINDOW} calls",
@@ -53,7 +57,7 @@ def human(nbytes: int) -> str:
 
 
 def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict, dict]:
-    """The five timed callables for one message size, each pacer fresh, and what runs untimed
+    """The six timed callables for one message size, each pacer fresh, and what runs untimed
     before a variant's calls: the paced variant's step() (closing the step of its previous
     call: a pacer without steps stops timing past `max_sites` calls), the step variant's paced
     collective; and the pacers that must step once a call."""
@@ -86,6 +90,7 @@ def _variants(t, rank: int, delays: dict[str, list[float]]) -> tuple[dict, dict,
     gathered = [torch.zeros_like(row) for _ in range(dist.get_world_size())]
     fns = {
         "plain": lambda: dist.all_reduce(t),
+        "plain2": lambda: dist.all_reduce(t),
         "paced": lambda: paced.all_reduce(t),
         "step": stepped.step,
         "paced8": run8,
@@ -145,9 +150,10 @@ def bench_allreduce(h: Harness) -> None:
     for nbytes in sizes:
         s, dl = res[nbytes]["samples"], res[nbytes]["delay_us"]
         size = human(nbytes)
-        for k in ("plain", "paced", "step", "paced8", "exchange"):
+        for k in ("plain", "plain2", "paced", "step", "paced8", "exchange"):
             h.record("gloo_all_reduce", {"size": size, "variant": k}, s[k])
         pairs = {
+            CONTROL: s["plain2"] / s["plain"],
             "paced/plain": s["paced"] / s["plain"],
             "(paced+step)/plain": (s["paced"] + s["step"]) / s["plain"],
             f"paced8/plain (windows of {WINDOW})": window_ratio(s["paced8"], s["plain"], WINDOW),
@@ -164,6 +170,12 @@ def bench_allreduce(h: Harness) -> None:
         )
         h.record(
             "gloo_all_reduce",
+            {"size": size, "variant": "plain2-plain (control)"},
+            s["plain2"] - s["plain"],
+            metric="overhead",
+        )
+        h.record(
+            "gloo_all_reduce",
             {"size": size, "variant": "step-exchange (host work of a step)"},
             s["step"] - s["exchange"],
             metric="overhead",
@@ -172,6 +184,8 @@ def bench_allreduce(h: Harness) -> None:
             "bytes": nbytes,
             **{name: float(np.median(r)) for name, r in pairs.items()},
             "ratio_ci95": {n: median_ci(r) for n, r in pairs.items()},
+            "added_us_ci95": median_ci(s["paced"] - s["plain"]),  # the site's cost, in us
+            "control_added_us_ci95": median_ci(s["plain2"] - s["plain"]),
             "ratio_p20": {n: float(np.percentile(r, 20)) for n, r in pairs.items()},
             "ratio_p80": {n: float(np.percentile(r, 80)) for n, r in pairs.items()},
             "steps_with_delay": {k: int((v > 0).sum()) for k, v in dl.items()},
@@ -181,28 +195,33 @@ def bench_allreduce(h: Harness) -> None:
     h.extras["gloo_all_reduce"] = summary
     if 1 << 20 in sizes:
         one = summary["1MB"]
+        ci = one["ratio_ci95"]
         h.check(
             "paced 1 MB gloo all_reduce / plain, median of pairs",
             one["paced/plain"],
             1.10,
             "x",
             detail="the paced call itself (site); step() shown separately; median's 95% "
-            "bootstrap interval [{:.3f}, {:.3f}]: a rerun can move it that much".format(
-                *one["ratio_ci95"]["paced/plain"]),
-            interval=one["ratio_ci95"]["paced/plain"],
+            "bootstrap interval [{:.3f}, {:.3f}]: a rerun can move it that much; the control "
+            "(plain again / plain) {:.3f} [{:.3f}, {:.3f}]".format(
+                *ci["paced/plain"], one[CONTROL], *ci[CONTROL]),
+            interval=ci["paced/plain"],
         )
+        name8 = f"paced8/plain (windows of {WINDOW})"
         h.check(
             "context: (paced 1 MB + step() every call) / plain, median of pairs",
             one["(paced+step)/plain"],
             1.10,
             "x",
             detail="one site per step: the exchange is not amortised",
+            interval=ci["(paced+step)/plain"],
         )
         h.check(
             f"context: paced 1 MB with step() every {WINDOW} calls / plain, median of windows",
-            one[f"paced8/plain (windows of {WINDOW})"],
+            one[name8],
             1.10,
             "x",
+            interval=ci[name8],
         )
     h.plot("overhead_vs_size", lambda fig: _draw(fig, sizes, summary))
 
@@ -211,7 +230,7 @@ def _draw(fig, sizes: list[int], summary: dict) -> None:
     ax = fig.add_subplot(1, 1, 1)
     x = np.asarray(sizes, dtype=float)
     names = list(summary[human(sizes[0])]["ratio_p20"])
-    for name, marker in zip(names, "osd", strict=False):
+    for name, marker in zip(names, "xosd", strict=False):
         med = np.array([summary[human(n)][name] for n in sizes])
         lo = np.array([summary[human(n)]["ratio_p20"][name] for n in sizes])
         hi = np.array([summary[human(n)]["ratio_p80"][name] for n in sizes])

@@ -16,7 +16,16 @@ import numpy as np
 import pytest
 
 from bench.__main__ import gpu_missing, main
-from bench.harness import SCHEMA, Harness, Machine, interleave, median_ci, quantiles, time_calls
+from bench.harness import (
+    SCHEMA,
+    Check,
+    Harness,
+    Machine,
+    interleave,
+    median_ci,
+    quantiles,
+    time_calls,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +110,8 @@ def test_harness_writes_schema_rows_and_files(tmp_path):
     assert not h.check("demo nan", math.nan, 2.0, "us").met
     # An interval that holds the limit: the point estimate's side, and not settled
     edge = h.check("demo ratio", 1.099, 1.10, "x", interval=(1.02, 1.15))
-    assert edge.met and not edge.settled and edge.verdict == "AT THE EDGE"
+    assert edge.met and not edge.settled and edge.verdict == "AT THE EDGE (median met)"
+    assert Check("x", 1.12, 1.10, "x", interval=(1.05, 1.2)).verdict == "AT THE EDGE (median missed)"
     assert h.check("demo ratio 2", 1.05, 1.10, "x", interval=(1.02, 1.09)).verdict == "MET"
     h.skip("other", "needs something")
     h.plot("demo", lambda fig: fig.add_subplot(1, 1, 1).plot([1, 2], [3, 4]))
