@@ -812,14 +812,31 @@ def write_results(res: dict[str, Any], out: Path) -> tuple[Path, Path]:
     return j, md
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why the result files cannot go into `folder` (made if missing), or None; nothing is
+    made here."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{str(probe)!r} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{str(probe)!r} cannot be written"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--out", type=Path, default=RESULTS_DIR, help="where the result files go")
     ap.add_argument("--no-suite", action="store_true", help="skip `python -m bench --suite gpu`")
     ap.add_argument("--budget", type=float, default=180.0,
                     help="seconds for the whole check; each phase gets at most what is left")
-    ap.add_argument("--tests-timeout", type=float, default=120.0)
-    ap.add_argument("--suite-timeout", type=float, default=60.0)
+    ap.add_argument("--tests-timeout", type=float, default=120.0,
+                    help="seconds at most for the GPU tests (within the budget)")
+    ap.add_argument("--suite-timeout", type=float, default=60.0,
+                    help="seconds at most for the quick GPU benchmark suite (within the budget)")
     # One microbenchmark in this process (`run_phase` starts it so): not for the command line.
     ap.add_argument("--phase", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--figures", type=Path, help=argparse.SUPPRESS)
@@ -831,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, name) > 0:
             ap.error(f"--{name.replace('_', '-')} must be a positive number of seconds, got "
                      f"{getattr(args, name)}")
+    if why := unwritable(args.out):  # said before any GPU time is spent
+        ap.error(f"--out {str(args.out)!r}: {why}")
 
     # Before CUDA starts, for this process and its children: one hardware queue per stream (up
     # to 32), so that independent streams (the virtual cluster's ranks, the pacing stream) are
@@ -838,7 +857,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     why = gpu_missing()
     if why:
-        print(f"device check: SKIP: {why}. Nothing measured, nothing written.", flush=True)
+        print(f"device check: SKIP: {why}. Nothing measured, nothing written: not the host "
+              "policy update, the added time per paced collective (eager, graph), the host "
+              "syncs per step, the timer tick and spin error, the GPU tests, the launch cost "
+              "nor the tail graph.", flush=True)
         return 0
     # The budget counts from the first start, across the restart after an install.
     t_start = float(os.environ.setdefault("GPUPACE_CHECK_T0", str(time.time())))

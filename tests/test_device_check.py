@@ -42,6 +42,7 @@ def test_command_line_skips_cleanly_without_cuda(tmp_path):
                        capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "SKIP" in p.stdout and "no CUDA" in p.stdout
+    assert "not the host policy update, the added time per paced collective" in p.stdout
     assert not (tmp_path / "res").exists()
 
 
@@ -287,6 +288,18 @@ def test_a_budget_that_is_not_positive_is_refused(capsys):
         dc.main(["--budget", "0"])
     assert e.value.code == 2 and "--budget must be a positive number of seconds, got 0.0" in \
         capsys.readouterr().err
+
+
+def test_an_out_folder_that_cannot_be_made_is_refused_before_anything_runs(tmp_path, capsys):
+    """On a GPU machine, --out under a file raised a traceback at its mkdir, after the
+    machine's probe; here it is refused first, with nothing made."""
+    dc = load()
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as e:
+        dc.main(["--out", str(tmp_path / "afile" / "res")])
+    assert e.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    assert dc.unwritable(tmp_path / "new" / "deeper") is None
+    assert not (tmp_path / "new").exists()
 
 
 def test_gpu_tests_without_cupy_skip_only_those_that_need_it(tmp_path):
