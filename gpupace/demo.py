@@ -362,6 +362,7 @@ def comparison(args: argparse.Namespace, backend: str, rank0: dict[str, Any],
     b, p = out["baseline"]["throughput"], out["paced"]["throughput"]
     out["throughput_gain_pct"] = gain_pct(b, p)
     phases = out["phase_throughput"] = dict(rank0["phase_throughput"])
+    out["phase_cv"] = dict(rank0["phase_cv"])  # a side's step_time_cv is the mean of its two
     out["phase_spread_pct"] = {side: phase_spread_pct(phases[f"{side}-1"], phases[f"{side}-2"])
                                for side in ("baseline", "paced")}
     # ABBA: each paced phase against the baseline phase next to it

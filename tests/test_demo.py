@@ -149,6 +149,11 @@ def test_demo_phases_pace_the_early_rank_of_a_sleeping_straggler():
     assert paced["delay_mean"] > 500.0  # us a step, averaged over the 2 ranks
     assert paced["entry_spread_mean"] < paced["spread_mean"]
     assert paced["straggler_histogram"][1] > paced["straggler_histogram"][0]
+    # a side's CV is its phases' mean (pooled, the drift between phases read as jitter)
+    cvs = results[0]["phase_cv"]
+    for side in ("baseline", "paced"):
+        assert results[0][side]["step_time_cv"] == pytest.approx(
+            (cvs[f"{side}-1"] + cvs[f"{side}-2"]) / 2)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
