@@ -768,7 +768,7 @@ def _widths(rank, world):
         state = pacer._engine.state
         seen.append((len(rec.site_spread_us) if rec else None,
                      pacer._engine._gathered.numel() // world, state.step, state.shape[1],
-                     int((pacer._engine._last_exit_ns > 0).sum())))
+                     sum(t > 0 for t in pacer._engine._last_exit_ns)))
     return seen
 
 
