@@ -180,11 +180,21 @@ def bench_telemetry(h: Harness) -> None:
 
 def _draw(fig, worlds: list[int], med: dict[str, dict[int, tuple[float, float, float]]]) -> None:
     ax = fig.add_subplot(1, 1, 1)
+    x = np.asarray(worlds)
+    floored = False
     for part, by_n in med.items():
         q = np.array([by_n[n] for n in worlds])
-        ax.plot(worlds, q[:, 1], marker="o", label=part)
-        # a band below 1 us (a difference of two noisy times can be negative) has no log
-        ax.fill_between(worlds, np.maximum(q[:, 0], 1.0), np.maximum(q[:, 2], 1.0), alpha=0.15)
+        # A difference of two noisy times can be <= 1 us, or negative, which a log axis drops
+        # (a series then began at 1024 ranks): drawn at 1 us, as open triangles
+        p50 = np.maximum(q[:, 1], 1.0)
+        line, = ax.plot(x, p50, marker="o", label=part)
+        low = q[:, 1] < 1.0
+        if low.any():
+            floored = True
+            ax.plot(x[low], p50[low], "v", mfc="none", ms=9, color=line.get_color())
+        ax.fill_between(x, np.maximum(q[:, 0], 1.0), np.maximum(q[:, 2], 1.0), alpha=0.15)
+    if floored:
+        ax.plot([], [], "v", mfc="none", color="0.3", label="p50 < 1 us (or < 0): drawn at 1")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(worlds, [str(n) for n in worlds])
