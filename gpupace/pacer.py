@@ -21,7 +21,6 @@ import math
 import multiprocessing.util
 import numbers
 import os
-import re
 import sys
 import time
 import weakref
@@ -192,6 +191,9 @@ class Pacer(Joinable):
         self._sites_last_step = 0
         self._sites_most = 0  # the most paced collectives seen in one step
         self._hooked = False  # attach() registered DDP's comm hook (see _PacerJoinHook)
+        # Passes that synced a DDP model's gradients since the last step(), by the model's site
+        # prefix: the hook counts each at its bucket marked last (`_check_synced_once`)
+        self._synced: dict[str, int] = {}
         # The DDP models attach() took, each with its number and the Join config it had when
         # last looked at (`_AttachedModel`)
         self._models: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -398,8 +400,10 @@ class Pacer(Joinable):
                              "gradient all-reduces before the pacer's step")
         if self._models:
             self._check_join()
-        if self._hooked and self._in_own_join():
-            self._check_synced_once()
+        if self._synced:
+            synced, self._synced = self._synced, {}
+            if max(synced.values()) > 1 and self._in_own_join():
+                self._check_synced_once(synced)
         if self._open_blocks:
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
@@ -642,21 +646,20 @@ class Pacer(Joinable):
             tb = tb.tb_next
         return True
 
-    def _check_synced_once(self) -> None:
-        """Inside Join([ddp_model, pacer]), refuses a step in which a DDP bucket was paced
-        twice: gradients synced more than once between two step()s, where a rank out of
-        inputs steps after each pass that syncs, so the ranks' step all_gathers stop matching
-        (they waited until the group's timeout). Told at the first step, on every rank alike
-        while they all have inputs."""
-        buckets = [n for n in self._names_this_step if _BUCKET.fullmatch(n)]
-        if len(set(buckets)) < len(buckets):
-            twice = next(n for k, n in enumerate(buckets) if n in buckets[:k])
-            raise ValueError(
-                f"under Join, the DDP model synced its gradients more than once in this step "
-                f"({twice} paced twice since the last pacer.step()): a rank out of inputs "
-                "steps after each pass that syncs, the others once, and the steps' all_gathers "
-                "would stop matching. Wrap every micro-batch but the last in "
-                "ddp_model.no_sync(), or call pacer.step() after each pass that syncs")
+    def _check_synced_once(self, synced: dict[str, int]) -> None:
+        """Inside Join([ddp_model, pacer]), refuses a step in which a DDP model synced its
+        gradients more than once (`synced`: passes by model prefix), where a rank out of inputs
+        steps after each pass that syncs, so the ranks' step all_gathers stop matching (they
+        waited until the group's timeout). Told at the first step, on every rank alike while
+        they all have inputs."""
+        prefix, passes = max(synced.items(), key=lambda item: item[1])
+        model = f"the DDP model {prefix.rstrip('.')}" if prefix else "the DDP model"
+        raise ValueError(
+            f"under Join, {model} synced its gradients more than once in this step ({passes} "
+            "passes since the last pacer.step()): a rank out of inputs steps after each pass "
+            "that syncs, the others once, and the steps' all_gathers would stop matching. "
+            "Wrap every micro-batch but the last in ddp_model.no_sync(), or call pacer.step() "
+            "after each pass that syncs")
 
     def _check_join(self) -> None:
         """Refuses the first step after a Join took a model this pacer paces and not the
@@ -915,9 +918,6 @@ class _Unpaced:
 
 
 _UNPACED = _Unpaced()
-
-
-_BUCKET = re.compile(r"(model\d+\.)?bucket\d+")  # the names the DDP hook gives its sites
 
 
 @dataclass(slots=True)

@@ -55,6 +55,8 @@ def ddp_comm_hook(state: Attached, bucket: dist.GradBucket) -> torch.futures.Fut
         tensor.div_(pacer.world_size)
     else:
         tensor.mul_(1.0 / pacer.world_size)
+    if bucket.is_last():  # a pass that syncs: more than one a step is refused under Join
+        pacer._synced[state.prefix] = pacer._synced.get(state.prefix, 0) + 1
     with pacer.collective(f"{state.prefix}bucket{bucket.index()}", async_op=True) as issued:
         work = dist.all_reduce(tensor, group=pacer.group, async_op=True)
         issued(work)
