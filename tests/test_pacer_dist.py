@@ -399,7 +399,7 @@ def test_a_telemetry_path_that_is_a_folder_warns_on_a_subgroup_and_training_goes
 
 
 def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, rank1_batches=4,
-            pacer_in_join=True, no_sync=True):
+            pacer_in_join=True, no_sync=True, max_sites=64):
     """Rank 0 has 6 batches, rank 1 `rank1_batches`: the joined rank shadows the other's
     collectives. With `accumulate` > 1, that many micro-batches a step, all but the last under
     no_sync (unless `no_sync` is False). Without `attach`, the engine refuses every empty step
@@ -410,7 +410,7 @@ def _uneven(rank, world, mode, pacer_first=False, accumulate=1, attach=True, ran
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 640), torch.nn.ReLU(), torch.nn.Linear(640, 600))
     ddp = DDP(model, bucket_cap_mb=0.5)
-    pacer = Pacer(PaceConfig(mode=mode, warmup_steps=1)) if mode else None
+    pacer = Pacer(PaceConfig(mode=mode, warmup_steps=1, max_sites=max_sites)) if mode else None
     if pacer is not None and attach:
         pacer.attach(ddp)
     elif pacer is not None:
@@ -736,12 +736,14 @@ def test_a_model_wrapped_anew_keeps_its_site_names():
         assert names == [["bucket0"], ["bucket0"]]
 
 
-def test_accumulation_that_syncs_every_micro_batch_under_join_is_refused_at_once():
+@pytest.mark.parametrize("max_sites", [64, 2])
+def test_accumulation_that_syncs_every_micro_batch_under_join_is_refused_at_once(max_sites):
     """Without no_sync, the joined rank steps after each syncing pass and the other once a
     step: the ranks waited in mismatched all_gathers until the group's timeout. Refused at
-    the first step, on both ranks, naming no_sync; outside Join such a loop is only wasteful."""
+    the first step, on both ranks, naming no_sync, also where the model has more buckets than
+    max_sites (4 here); outside Join such a loop is only wasteful."""
     for refused in run_ranks(_uneven, 2, "observe", False, 2, no_sync=False,
-                             collective_timeout_s=30):
+                             max_sites=max_sites, collective_timeout_s=30):
         assert isinstance(refused, str), refused
         assert refused.startswith("under Join, the DDP model synced its gradients more than "
                                   "once in this step (2 passes since the last pacer.step())"), \
