@@ -157,7 +157,7 @@ def run_abba(rank: int, world: int, *, schedule: np.ndarray, telemetry_dir: str 
     phase's throughput (`phase_throughput`: the baseline's two phases, the same code at the
     run's two ends, gauge this machine's noise). A side's step-time CV is the mean of its two
     phases' CVs: pooled, the drift between the phases (5-8% of throughput on the 2-core VM)
-    would count as step-to-step jitter."""
+    would count as step-to-step jitter. (NaN when a phase measured fewer than 2 step times.)"""
     half = schedule.shape[0] // 2
     samples = kwargs["batch"] * world
     records: dict[str, list[StepRecord]] = {"baseline": [], "paced": []}

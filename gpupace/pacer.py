@@ -393,6 +393,7 @@ class Pacer(Joinable):
         """Ends a step: exchanges timing rows with every rank (one small all_gather), updates
         the delays of the next step and records telemetry. Call it on every rank, once per step,
         after the step's paced collectives have completed."""
+        synced, self._synced = self._synced, {}  # this step's passes, whatever it raises
         self.check_group()
         if self._join_config.enable and self._join_config.is_first_joinable:
             raise ValueError("pass the pacer to Join after the DDP model, Join([ddp_model, "
@@ -400,10 +401,8 @@ class Pacer(Joinable):
                              "gradient all-reduces before the pacer's step")
         if self._models:
             self._check_join()
-        if self._synced:
-            synced, self._synced = self._synced, {}
-            if max(synced.values()) > 1 and self._in_own_join():
-                self._check_synced_once(synced)
+        if synced and max(synced.values()) > 1 and self._in_own_join():
+            self._check_synced_once(synced)
         if self._open_blocks:
             raise RuntimeError("pacer.step() inside a paced block (site, collective, "
                                "all_reduce): call it after the block, once the step's "
