@@ -223,6 +223,23 @@ def _uncaught() -> BaseException | None:
     return getattr(sys, "last_value", None)
 
 
+def positive_number(v: Any) -> bool:
+    """Whether a header's value `v` is a finite number > 0 (not a bool)."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v > 0)
+
+
+def header_batch(header: dict[str, Any]) -> tuple[str, float] | None:
+    """A file's batch size as its header gives it: ("step", a pacer's `samples_per_step`,
+    over all ranks) or ("rank", a simulated run's scenario `samples_per_rank`); None without
+    either, or where the value is no finite number > 0 (throughput is then steps/s)."""
+    if positive_number(v := header.get("samples_per_step")):
+        return "step", float(v)
+    sim = header.get("sim")
+    v = (sim.get("scenario") or {}).get("samples_per_rank") if isinstance(sim, dict) else None
+    return ("rank", float(v)) if positive_number(v) else None
+
+
 def unended(last_step: int) -> str:
     """What a file whose header promised an end line and that has none says (the report and
     the simulator's fit say it alike)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 import threading
@@ -29,7 +28,9 @@ from ..telemetry import (
     StepRecord,
     comm_backend,
     first_measured_step,
+    header_batch,
     iter_records,
+    positive_number,
     read_header,
     unended,
 )
@@ -123,13 +124,11 @@ class Run:
     @property
     def samples_per_step(self) -> float | None:
         """Samples per step when the header says, else None (throughput is then steps/s)."""
-        v = self.header.get("samples_per_step")
-        if _positive(v):
-            return float(v)
-        sc = (self.header.get("sim") or {}).get("scenario") or {}
-        if _positive(sc.get("samples_per_rank")):
-            return float(sc["samples_per_rank"]) * self.world_size
-        return None
+        batch = header_batch(self.header)
+        if batch is None:
+            return None
+        per, value = batch
+        return value if per == "step" else value * self.world_size
 
 
 def _matrix(rows: list[list[float]], width: int) -> np.ndarray:
@@ -238,21 +237,15 @@ def to_run(label: str, path: Path, header: dict[str, Any], records: Iterable[Ste
         run.notes.append(f"{path.name}: the header's world_size {size!r:.40} is no number of "
                          f"ranks: the records' {world} are counted")
     batch = header.get("samples_per_step")
-    if batch is not None and not _positive(batch) and run.samples_per_step is None:
+    if batch is not None and not positive_number(batch) and run.samples_per_step is None:
         run.notes.append(f"{path.name}: the header's samples_per_step {batch!r:.40} is no "
                          "batch size: throughput is counted in steps/s")
     return run
 
 
-def _positive(v: Any) -> bool:
-    """Whether `v` is a finite number > 0 (not a bool)."""
-    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and v > 0)
-
-
 def _ranks(v: Any) -> int | None:
     """`v` as a number of ranks (a whole number >= 1), or None."""
-    return int(v) if _positive(v) and v == int(v) else None
+    return int(v) if positive_number(v) and v == int(v) else None
 
 
 def end_notes(name: str, header: dict[str, Any], end: dict[str, Any] | None, run: Run,

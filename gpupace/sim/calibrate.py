@@ -41,7 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import StepRecord, comm_backend, first_measured_step, read_telemetry, unended
+from ..telemetry import (
+    StepRecord,
+    comm_backend,
+    first_measured_step,
+    header_batch,
+    read_telemetry,
+    unended,
+)
 from .scenario import MAX_SPIKE_CLIP, Scenario
 
 SPIKE_SIGMAS = 6.0  # lateness beyond this many robust sigmas counts as a stall
@@ -226,7 +233,7 @@ def fit_telemetry(path: str | os.PathLike, **given: Any) -> TelemetryFit:
                      "an offset that is noise; fit from a run of 4 ranks or more where you can")
     if tel.skipped:
         notes.append(f"{len(tel.skipped)} unreadable lines skipped, first: {tel.skipped[0]}")
-    if samples_known(tel.header) is None:
+    if header_batch(tel.header) is None:
         notes.append(f"the file gives no batch size (samples_per_step): samples/s assume "
                      f"{DEFAULT_SAMPLES_PER_RANK:g} samples a rank a step; the changes hold")
     if tel.header.get("end_mark") and tel.end is None:  # as the report says it
@@ -381,22 +388,10 @@ def steady_site_count(records: list[StepRecord], header: dict[str, Any]) -> int:
     return max(len(header.get("sites") or []), 1)
 
 
-def samples_known(header: dict[str, Any]) -> tuple[str, float] | None:
-    """The header's batch size: ("step", a pacer's `samples_per_step`, over all ranks) or
-    ("rank", a simulated run's `samples_per_rank`); None without either."""
-    v = header.get("samples_per_step")
-    if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-        return "step", float(v)
-    sim = header.get("sim")
-    v = (sim.get("scenario") or {}).get("samples_per_rank") if isinstance(sim, dict) else None
-    if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-        return "rank", float(v)
-    return None
-
-
 def samples_per_rank(header: dict[str, Any], world_size: int) -> float:
-    """The header's batch size a rank (`samples_known`); Scenario's default without one."""
-    known = samples_known(header)
+    """The header's batch size a rank (`telemetry.header_batch`); Scenario's default without
+    one."""
+    known = header_batch(header)
     if known is None:
         return DEFAULT_SAMPLES_PER_RANK
     per, value = known
