@@ -40,6 +40,7 @@ from .agree import check_ranks_agree, new_run_id, site_names_differ
 from .backends import (
     BACKENDS,
     cuda_device,
+    device_backend_blocked,
     device_backend_missing,
     exchange_error,
     group_backend,
@@ -161,7 +162,7 @@ class Pacer(Joinable):
         if failure is not None:
             raise failure
         if self.backend == "host" and pg_backend == "nccl" and self.config.mode != "off":
-            why = device_backend_missing() or too_many_ranks(self.world_size)
+            why = device_backend_blocked(pg_backend, self.world_size)
             hint = f"the device backend cannot run here: {why}" if why else "use backend='device'"
             warn("gpupace: the host backend on an NCCL group stamps when collectives are "
                  f"enqueued, not when they run on the GPU, so its spreads say little; {hint}")

@@ -206,13 +206,14 @@ def test_host_pacer_where_cuda_is_warns_at_warmup_and_refuses_a_capture(monkeypa
 
 
 def test_a_refused_host_capture_names_what_keeps_the_device_backend_off(monkeypatch):
+    from gpupace import backends
     from gpupace.backends import DEVICE_MAX_RANKS, host
 
-    monkeypatch.setattr(host, "device_backend_missing", lambda: None)
+    monkeypatch.setattr(backends, "device_backend_missing", lambda: None)
     assert host.capture_refused("nccl", 8).endswith("backend='device'")
     assert "this one is 'gloo'" in host.capture_refused("gloo", 2)
     assert f"at most {DEVICE_MAX_RANKS} ranks" in host.capture_refused("nccl", DEVICE_MAX_RANKS + 1)
-    monkeypatch.setattr(host, "device_backend_missing", lambda: "cupy is not installed")
+    monkeypatch.setattr(backends, "device_backend_missing", lambda: "cupy is not installed")
     assert host.capture_refused("gloo", 2).endswith("which cannot run here: cupy is not installed")
 
 

@@ -57,6 +57,16 @@ def off_current_device(device, where: str) -> str | None:
             f"torch.cuda.set_device({device.index}) before making the Pacer")
 
 
+def device_backend_blocked(pg_backend: str, world_size: int) -> str | None:
+    """Why the device backend cannot pace a group of `world_size` ranks on `pg_backend`
+    ("none": no process group) here, or None when it can."""
+    if why := device_backend_missing() or too_many_ranks(world_size):
+        return why
+    if pg_backend not in ("nccl", "none"):
+        return f"it needs a CUDA (nccl) process group, this one is {pg_backend!r}"
+    return None
+
+
 def device_backend_missing() -> str | None:
     """Why the device backend cannot run here, or None when it can."""
     try:

@@ -27,11 +27,10 @@ from ..warn import warn
 from . import (
     NO_FORK,
     cuda_device,
-    device_backend_missing,
+    device_backend_blocked,
     exchange_error,
     gather_rows,
     group_backend,
-    too_many_ranks,
 )
 
 log = logging.getLogger(__name__)
@@ -70,9 +69,7 @@ def ranks_by_count(counts: np.ndarray, most: int = 4) -> str:
 def capture_refused(pg_backend: str, world_size: int) -> str:
     """Why a host-backend pacer cannot run in a CUDA graph, and what to use instead, with why
     that cannot run either on a group of `world_size` ranks on `pg_backend` ("none": none)."""
-    why = (device_backend_missing() or too_many_ranks(world_size) or (
-        None if pg_backend in ("nccl", "none") else
-        f"it needs a CUDA (nccl) process group, this one is {pg_backend!r}"))
+    why = device_backend_blocked(pg_backend, world_size)
     return ("the host backend times and paces on the host, so a CUDA graph cannot capture it (a "
             "replay would pace nothing, exchange nothing, record nothing): build the Pacer with "
             "backend='device'" + (f", which cannot run here: {why}" if why else ""))
