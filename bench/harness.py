@@ -117,27 +117,28 @@ class Machine:
         return " ".join(f"{k}={v}" for k, v in self.versions.items())
 
 
-def cpu_name() -> str:
+def _cpuinfo(field: str) -> str:
+    """The first core's `field` in /proc/cpuinfo ("" where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
+    return ""
+
+
+def cpu_name() -> str:
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown-cpu"
 
 
 def cpu_mhz() -> str:
     """The first core's clock as /proc/cpuinfo gives it ("" where it does not)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("cpu MHz"):
-                    return f"{float(line.split(':', 1)[1]):.0f}"
-    except (OSError, ValueError):
-        pass
-    return ""
+        return f"{float(_cpuinfo('cpu MHz')):.0f}"
+    except ValueError:  # none, or not a number
+        return ""
 
 
 def gpu_name() -> str:
